@@ -1,0 +1,125 @@
+"""config.pbtxt: parsing with Triton's own ModelConfig protobuf, version selection, model files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from google.protobuf import descriptor, json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from .errors import ModelLoadError
+
+CONFIG_FILE = "config.pbtxt"
+#: Looked for in this order in a version directory when config.pbtxt names no file.
+DEFAULT_FILENAMES = ("model.onnx", "model.om", "model.sim")
+
+
+def read_config(model_dir: Path) -> mc.ModelConfig:
+    """Parses `<model_dir>/config.pbtxt`; a missing file is an empty config to be auto-completed."""
+    path = model_dir / CONFIG_FILE
+    config = mc.ModelConfig()
+    if path.exists():
+        try:
+            text_format.Parse(path.read_text(), config)
+        except (text_format.ParseError, UnicodeDecodeError) as error:
+            raise ModelLoadError(f"{CONFIG_FILE} is not a valid ModelConfig: {error}") from None
+    if not config.name:
+        config.name = model_dir.name
+    elif config.name != model_dir.name:
+        # Triton refuses this too: the directory name is the model's name on the wire.
+        raise ModelLoadError(
+            f"{CONFIG_FILE} names the model '{config.name}' but its directory is '{model_dir.name}'"
+        )
+    return config
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    """Version directories present on disk (numeric names), ascending."""
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
+    """The versions to serve under `version_policy` (default: the latest one), ascending."""
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        selected = list(available)
+    elif choice == "specific":
+        missing = sorted(set(policy.specific.versions) - set(available))
+        if missing:
+            raise ModelLoadError(f"version_policy names versions {missing} that have no directory")
+        selected = sorted(set(policy.specific.versions))
+    else:
+        count = policy.latest.num_versions if choice == "latest" else 1
+        selected = available[-max(count, 1):]
+    if not selected:
+        raise ModelLoadError("no version directory (e.g. '1/') holds a model")
+    return selected
+
+
+def model_file(config: mc.ModelConfig, version_dir: Path) -> Path:
+    """The model file of one version: `default_model_filename`, else the first default present."""
+    names = (config.default_model_filename,) if config.default_model_filename else DEFAULT_FILENAMES
+    for name in names:
+        if (version_dir / name).is_file():
+            return version_dir / name
+    raise ModelLoadError(f"version {version_dir.name} has no model file (looked for {', '.join(names)})")
+
+
+def device_placement(config: mc.ModelConfig) -> list[int]:
+    """Device id of every instance to create, in order.
+
+    `instance_group { count: N gpus: [...] }` places N instances on each listed device,
+    as Triton does; otherwise the N instances are spread round-robin over the
+    `device_ids` parameter ("0,1"), the CANN way of binding models to NPU cores.
+    """
+    param = config.parameters.get("device_ids")
+    try:
+        device_ids = [int(d) for d in param.string_value.split(",")] if param else [0]
+    except ValueError:
+        raise ModelLoadError(f"parameter device_ids must be comma-separated integers, got {param.string_value!r}") from None
+    groups = config.instance_group or [mc.ModelInstanceGroup(count=1)]
+    placement: list[int] = []
+    for group in groups:
+        count = group.count or 1
+        if group.gpus:
+            placement.extend(device for device in group.gpus for _ in range(count))
+        else:
+            start = len(placement)  # round-robin continues across groups
+            placement.extend([device_ids[(start + i) % len(device_ids)] for i in range(count)])
+    return placement
+
+
+_INT64 = {descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE_UINT64,
+          descriptor.FieldDescriptor.TYPE_SINT64, descriptor.FieldDescriptor.TYPE_FIXED64}
+
+
+def config_json(config: mc.ModelConfig) -> dict:
+    """The config as JSON the way Triton's model configuration extension writes it.
+
+    protobuf's JSON mapping writes 64-bit integers (dims, delays) as strings; Triton
+    writes them as numbers, and so does this.
+    """
+    return _int64_as_numbers(config, json_format.MessageToDict(config, preserving_proto_field_name=True))
+
+
+def _int64_as_numbers(message, value):
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in value:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            if value_field.message_type is not None:
+                for key, item in getattr(message, field.name).items():
+                    _int64_as_numbers(item, value[field.name][str(key)])
+        elif field.message_type is not None:
+            items = getattr(message, field.name)
+            if field.is_repeated:
+                for item, item_value in zip(items, value[field.name]):
+                    _int64_as_numbers(item, item_value)
+            else:
+                _int64_as_numbers(items, value[field.name])
+        elif field.type in _INT64:
+            raw = value[field.name]
+            value[field.name] = [int(v) for v in raw] if isinstance(raw, list) else int(raw)
+    return value

@@ -1,0 +1,34 @@
+"""Typed errors of the executor core.
+
+Each protocol edge maps these once to an HTTP status and a gRPC code; nothing below
+the edges knows about either. `str(error)` is the message a client sees.
+"""
+
+
+class AscendError(Exception):
+    """Base of every error the core raises on purpose."""
+
+
+class InvalidInput(AscendError):
+    """The request is malformed or does not match the model (a client mistake)."""
+
+
+class ModelNotFound(AscendError):
+    """No model, or no such version of it, is in the repository."""
+
+
+class ModelNotReady(AscendError):
+    """The model exists but is not loaded (it failed to load, or is still loading)."""
+
+
+class ModelLoadError(AscendError):
+    """A model could not be loaded: bad config, missing or corrupt file, missing runtime."""
+
+
+class DeviceError(AscendError):
+    """A device call failed; names the call and its return code."""
+
+    def __init__(self, call: str, ret: int, detail: str = ""):
+        self.call = call
+        self.ret = ret
+        super().__init__(f"{call} failed with return code {ret}" + (f": {detail}" if detail else ""))

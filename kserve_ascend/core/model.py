@@ -1,0 +1,242 @@
+"""A model of the repository: its config, the versions it serves and their instances."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from . import config as cfg
+from .batching import BatchQueue, Scheduler
+from .datatypes import to_config
+from .errors import ModelLoadError, ModelNotFound, ModelNotReady
+from .runtimes import Runtime, TensorSpec, load_runtime
+from .signature import Signature
+
+log = logging.getLogger(__name__)
+
+#: Triton's default max_batch_size when it auto-completes a model that can batch.
+AUTO_COMPLETE_MAX_BATCH_SIZE = 4
+
+
+class State(str, enum.Enum):
+    """Model states with the names of Triton's repository index."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+def complete_config(config: mc.ModelConfig, runtime: Runtime) -> None:
+    """Fills inputs, outputs and max_batch_size from the model file where config.pbtxt leaves them out.
+
+    As Triton's ONNX backend does: a model whose every tensor has a variable first
+    dimension is taken to batch along it.
+    """
+    if config.input and config.output:
+        return
+    specs = [*runtime.inputs, *runtime.outputs]
+    batches = config.max_batch_size > 0 or (specs and all(s.shape[:1] == (-1,) for s in specs))
+    if batches and config.max_batch_size == 0:
+        config.max_batch_size = runtime.max_batch_size or AUTO_COMPLETE_MAX_BATCH_SIZE
+    def declare(target, spec: TensorSpec):
+        target.add(name=spec.name, data_type=to_config(spec.datatype), dims=spec.shape[1:] if batches else spec.shape)
+
+    if not config.input:
+        for spec in runtime.inputs:
+            declare(config.input, spec)
+    if not config.output:
+        for spec in runtime.outputs:
+            declare(config.output, spec)
+
+
+def _check_against_file(signature: Signature, runtime: Runtime) -> None:
+    """Refuses a config whose tensors the model file does not have."""
+    batch = (-1,) if signature.batching else ()
+    for declared, actual in ((signature.inputs, runtime.inputs), (signature.outputs, runtime.outputs)):
+        specs = {s.name: s for s in actual}
+        for decl in declared.values():
+            spec = specs.get(decl.name)
+            if spec is None:
+                raise ModelLoadError(f"config.pbtxt declares '{decl.name}', the model file has {sorted(specs)}")
+            if spec.datatype != decl.datatype:
+                raise ModelLoadError(
+                    f"'{decl.name}' is {decl.datatype} in config.pbtxt but {spec.datatype} in the model file"
+                )
+            want = batch + (decl.reshape if decl.reshape is not None else decl.dims)
+            if len(want) != len(spec.shape) or any(a not in (-1, b) and b != -1 for a, b in zip(want, spec.shape)):
+                raise ModelLoadError(
+                    f"'{decl.name}' has shape {list(want)} in config.pbtxt but {list(spec.shape)} in the model file"
+                )
+
+
+class Instance:
+    """One runtime on one device, with the thread that owns it."""
+
+    def __init__(self, runtime: Runtime, signature: Signature):
+        self.runtime = runtime
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"{runtime.config.name}-dev{runtime.device_id}")
+        self._output_names = list(signature.outputs)
+        self._reshape_in = {d.name: d.reshape for d in signature.inputs.values() if d.reshape is not None}
+        self._reshape_out = {d.name: d.dims for d in signature.outputs.values() if d.reshape is not None}
+        self._batching = signature.batching
+
+    def _shaped(self, arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], rows: int) -> dict:
+        if not shapes:
+            return dict(arrays)
+        lead = (rows,) if self._batching else ()
+        return {n: a.reshape(lead + shapes[n]) if n in shapes else a for n, a in arrays.items()}
+
+    def run_batch(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Concatenates the requests along dimension 0, runs them once and splits the outputs back."""
+        if len(requests) == 1:
+            inputs = requests[0]
+            counts = [self._rows(inputs)]
+        else:
+            counts = [self._rows(r) for r in requests]
+            inputs = {name: np.concatenate([r[name] for r in requests]) for name in requests[0]}
+        rows = sum(counts)
+        outputs = self.runtime.run(self._shaped(inputs, self._reshape_in, rows), self._output_names)
+        outputs = self._shaped(outputs, self._reshape_out, rows)
+        if len(requests) == 1:
+            return [outputs]
+        split, start = [], 0
+        for count in counts:
+            split.append({name: array[start : start + count] for name, array in outputs.items()})
+            start += count
+        return split
+
+    def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
+        return next(iter(inputs.values())).shape[0] if self._batching else 1
+
+    def close(self) -> None:
+        self.executor.submit(self.runtime.close).result()
+        self.executor.shutdown()
+
+
+class ModelVersion:
+    """One loaded version of a model: its instances fed by one batch queue."""
+
+    def __init__(self, name: str, version: int, path: Path, config: mc.ModelConfig, instances: list[Instance]):
+        self.name = name
+        self.version = version
+        self.path = path
+        self.config = config
+        self.signature = Signature(config)
+        self.instances = instances
+        dynamic = config.dynamic_batching if config.HasField("dynamic_batching") else None
+        self.scheduler = Scheduler(
+            [i.run_batch for i in instances],
+            [i.executor for i in instances],
+            BatchQueue(config.max_batch_size, dynamic),
+        )
+
+    @classmethod
+    def load(cls, config: mc.ModelConfig, model_dir: Path, version: int) -> "ModelVersion":
+        """Loads one version's file on every device of its placement; the config may be completed."""
+        path = cfg.model_file(config, model_dir / str(version))
+        runtimes: list[Runtime] = []
+        try:
+            for device_id in cfg.device_placement(config):
+                runtimes.append(load_runtime(config, path, device_id))
+            complete_config(config, runtimes[0])
+            signature = Signature(config)
+            _check_against_file(signature, runtimes[0])
+        except BaseException:
+            for runtime in runtimes:
+                runtime.close()
+            raise
+        return cls(config.name, version, path, config, [Instance(r, signature) for r in runtimes])
+
+    @property
+    def runtime_info(self) -> dict[str, str]:
+        """What the runtime chose, and the device of every instance in order."""
+        info = dict(self.instances[0].runtime.info)
+        info.pop("device_id", None)
+        info["device_ids"] = ",".join(str(i.runtime.device_id) for i in self.instances)
+        return info
+
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Runs one request, batched with others; returns the requested outputs (all by default)."""
+        rows = self.signature.check_inputs(inputs)
+        if output_names:
+            self.signature.check_outputs(output_names)
+        shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
+        outputs = await self.scheduler.submit(inputs, rows, shape_key)
+        if output_names:
+            return {name: outputs[name] for name in output_names}
+        return outputs
+
+    def close(self) -> None:
+        """Fails queued requests, waits for running batches, then releases every device."""
+        self.scheduler.close(ModelNotReady(f"model '{self.name}' version {self.version} was unloaded"))
+        for instance in self.instances:
+            instance.close()
+
+
+class Model:
+    """A model directory of the repository and the versions it serves."""
+
+    def __init__(self, name: str, model_dir: Path):
+        self.name = name
+        self.model_dir = model_dir
+        self.config = mc.ModelConfig(name=name)
+        self.versions: dict[int, ModelVersion] = {}
+        self.state = State.UNAVAILABLE
+        self.reason = "not loaded"
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
+
+    def load(self) -> bool:
+        """Loads every version the policy selects (blocking: call it off the event loop).
+
+        Never raises for a broken model: the reason is recorded and the model stays UNAVAILABLE.
+        """
+        self.state, self.reason = State.LOADING, ""
+        loaded: dict[int, ModelVersion] = {}
+        try:
+            config = cfg.read_config(self.model_dir)
+            for version in cfg.select_versions(config, cfg.available_versions(self.model_dir)):
+                version_config = mc.ModelConfig()
+                version_config.CopyFrom(config)
+                loaded[version] = ModelVersion.load(version_config, self.model_dir, version)
+        except Exception as error:  # any failure of a broken model is its reason, never a crash
+            for version in loaded.values():
+                version.close()
+            self.state = State.UNAVAILABLE
+            self.reason = str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
+            log.error("model '%s' failed to load: %s", self.name, self.reason)
+            return False
+        self.versions = loaded
+        self.config = loaded[max(loaded)].config  # completed from the file where config.pbtxt was silent
+        self.state = State.READY
+        log.info("model '%s' is READY with versions %s", self.name, sorted(loaded))
+        return True
+
+    def version(self, version: str | None = None) -> ModelVersion:
+        """The version a request names, or the latest one served."""
+        if not self.ready:
+            raise ModelNotReady(f"model '{self.name}' is not ready: {self.reason}")
+        if not version:
+            return self.versions[max(self.versions)]
+        try:
+            return self.versions[int(version)]
+        except (ValueError, KeyError):
+            raise ModelNotFound(
+                f"model '{self.name}' has no version '{version}', it serves {sorted(self.versions)}"
+            ) from None
+
+    def close(self) -> None:
+        for version in self.versions.values():
+            version.close()
+        self.versions = {}
+        self.state, self.reason = State.UNAVAILABLE, "unloaded"

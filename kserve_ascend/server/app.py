@@ -1,0 +1,125 @@
+"""The KServe ModelServer of kserve-ascend: KServe's server and flags, this project's OIP edges."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+import kserve
+from kserve import model_server
+from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+from kserve.protocol.rest.server import RESTServer
+
+from ..core.repository import Repository
+from . import rest
+from .dataplane import DataPlane
+from .grpc import GrpcServer
+from .model import AscendModel
+
+log = logging.getLogger(__name__)
+
+GRPC_MAX_MESSAGE_LENGTH = 2**31 - 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """KServe's own flags (`--http_port`, `--grpc_port`, `--workers`, ...) plus the repository."""
+    parser = argparse.ArgumentParser(
+        prog="kserve-ascend",
+        parents=[model_server.parser],
+        description="Serve a Triton-layout model repository on Ascend NPUs over Open Inference Protocol v2.",
+    )
+    # KServe caps gRPC messages at 8 MiB; a batch of 640x640 images is larger. Triton's limit is INT32_MAX.
+    parser.set_defaults(grpc_max_send_message_length=GRPC_MAX_MESSAGE_LENGTH, grpc_max_receive_message_length=GRPC_MAX_MESSAGE_LENGTH)
+    parser.add_argument(
+        "--model_dir",
+        default="/mnt/models",
+        help="The model repository: <model>/config.pbtxt and <model>/<version>/model.onnx|model.om.",
+    )
+    return parser
+
+
+class AscendModelServer(kserve.ModelServer):
+    """kserve.ModelServer serving a repository whose models load in the background.
+
+    The server is live at once and ready when every model has loaded (Triton's strict
+    readiness), so Kubernetes probes see loading as "live, not ready".
+    """
+
+    def __init__(self, repository: Repository, grpc_options: list[tuple[str, int]] | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.grpc_options = grpc_options or []
+        self.ascend_dataplane = DataPlane(repository)
+        self.models = [AscendModel(model) for model in repository.models.values()]
+
+    async def _load_models(self) -> None:
+        for model in self.models:
+            await asyncio.to_thread(model.load)
+        self.ascend_dataplane.loaded = True
+        log.info("repository loaded: %s", {m.name: m.model.state.value for m in self.models})
+
+    def start(self, models: list | None = None) -> None:
+        if self.workers != 1:
+            # Every worker process would load its own copy of each model on the NPU and batch alone.
+            raise SystemExit("--workers must be 1: scale kserve-ascend with replicas, one process per NPU set")
+        for model in self.models:
+            self.register_model(model)
+        rest.install(model_server.app, self.ascend_dataplane)
+        self._rest_server = RESTServer(
+            FASTAPI_APP_IMPORT_STRING,
+            self.dataplane,
+            self.model_repository_extension,
+            self.http_port,
+            access_log_format=self.access_log_format,
+            grace_period=self.grace_period,
+            event_loop=self.event_loop,
+            timeout_keep_alive=self.timeout_keep_alive,
+            ssl_certfile=self.ssl_certfile,
+            ssl_keyfile=self.ssl_keyfile,
+        )
+        self.servers = [self._rest_server.start(), self._load_models()]
+        if self.enable_grpc:
+            self._grpc_server = GrpcServer(self.grpc_port, self.ascend_dataplane, self.grpc_options, self.grace_period)
+            self.servers.append(self._grpc_server.start())
+        self.setup_event_loop()
+        self.register_signal_handler()
+        asyncio.run(self._serve())
+
+
+def _log_like_kserve() -> None:
+    """This package logs through the handlers KServe configured, at INFO."""
+    ascend = logging.getLogger("kserve_ascend")
+    ascend.setLevel(logging.INFO)
+    for handler in logging.getLogger("kserve").handlers:
+        ascend.addHandler(handler)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        repository = Repository(Path(args.model_dir))
+    except FileNotFoundError as error:
+        raise SystemExit(f"kserve-ascend: {error}") from None
+    server = AscendModelServer(
+        repository,
+        grpc_options=[
+            ("grpc.max_send_message_length", args.grpc_max_send_message_length),
+            ("grpc.max_receive_message_length", args.grpc_max_receive_message_length),
+        ],
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        workers=args.workers,
+        max_threads=args.max_threads,
+        max_asyncio_workers=args.max_asyncio_workers,
+        enable_grpc=args.enable_grpc,
+        enable_docs_url=args.enable_docs_url,
+        enable_latency_logging=args.enable_latency_logging,
+        access_log_format=args.access_log_format,
+        event_loop=args.event_loop,
+        timeout_keep_alive=args.timeout_keep_alive,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
+    _log_like_kserve()
+    server.start()

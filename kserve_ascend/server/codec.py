@@ -1,0 +1,282 @@
+"""Tensors on the wire <-> numpy: OIP JSON, the binary tensor data extension, and gRPC.
+
+Decoding is where client mistakes are caught: every malformed field raises
+`InvalidInput` with a message naming it. Nothing here knows about models.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import orjson
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
+
+from ..core import datatypes
+from ..core.errors import InvalidInput
+
+#: Header of the binary tensor data extension: length of the JSON part of the body.
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request, the same whichever edge it came in by."""
+
+    inputs: dict[str, np.ndarray]
+    id: str = ""
+    #: Requested outputs (empty: all), each with whether it is wanted as binary data.
+    outputs: dict[str, bool] = field(default_factory=dict)
+    binary_outputs: bool = False
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- REST (JSON and binary)
+
+
+def _field(obj: Mapping, key: str, kind: type | tuple, what: str, required: bool = True):
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise InvalidInput(f"{what} has no '{key}'")
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InvalidInput(f"'{key}' of {what} must be {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _shape(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise InvalidInput(f"'shape' of {what} must be a list of non-negative integers")
+    return tuple(value)
+
+
+def _datatype(value: Any, what: str) -> str:
+    if value not in datatypes.OIP_DATATYPES:
+        raise InvalidInput(f"'datatype' of {what} must be one of {', '.join(datatypes.OIP_DATATYPES)}, got {value!r}")
+    return value
+
+
+def _from_json_data(data: Any, datatype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        flat = np.asarray(data, dtype=object).ravel()
+        if not all(isinstance(x, (str, bytes)) for x in flat):
+            raise InvalidInput(f"'data' of {what} must hold strings for datatype BYTES")
+        array = np.array([x.encode() if isinstance(x, str) else x for x in flat] or [], dtype=object)
+    else:
+        try:
+            array = np.asarray(data)
+        except ValueError:
+            raise InvalidInput(f"'data' of {what} is not a regular array") from None
+        dtype = datatypes.to_numpy(datatype)
+        if array.size and array.dtype.kind not in _JSON_KINDS[dtype.kind]:
+            raise InvalidInput(f"'data' of {what} holds {array.dtype.kind!r}-kind values, not {datatype}")
+        if dtype.kind in "iu" and array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
+            raise InvalidInput(f"'data' of {what} has values out of the range of {datatype}")
+        array = array.astype(dtype, copy=False)
+    if array.size != count:
+        raise InvalidInput(f"{what} has {array.size} elements in 'data' but shape {list(shape)} needs {count}")
+    return array.reshape(shape)
+
+
+# numpy kinds of JSON values acceptable for each target kind: ints widen to floats, never the reverse.
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def _from_binary(chunk: memoryview, datatype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        try:
+            array = deserialize_bytes_tensor(bytes(chunk))
+        except (struct.error, ValueError):
+            raise InvalidInput(f"binary data of {what} is not a length-prefixed BYTES tensor") from None
+        if array.size != count:
+            raise InvalidInput(f"{what} has {array.size} BYTES elements but shape {list(shape)} needs {count}")
+        return array.reshape(shape)
+    dtype = datatypes.to_numpy(datatype)
+    if len(chunk) != count * dtype.itemsize:
+        raise InvalidInput(
+            f"{what} has {len(chunk)} bytes of binary data but shape {list(shape)} of {datatype} needs {count * dtype.itemsize}"
+        )
+    return np.frombuffer(chunk, dtype=dtype).reshape(shape)
+
+
+def _json_object(body: bytes | memoryview) -> dict:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise InvalidInput(f"malformed JSON in request body: {error}") from None
+    if not isinstance(obj, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return obj
+
+
+def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
+    """Decodes an OIP REST infer request, JSON or JSON header plus binary tensor data."""
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
+        if not 0 <= length <= len(body):
+            raise InvalidInput(f"Inference-Header-Content-Length {length} is outside the body of {len(body)} bytes")
+        view = memoryview(body)
+        header, binary = view[:length], view[length:]
+    obj = _json_object(header)
+    request_id = _field(obj, "id", str, "the request", required=False) or ""
+    parameters = _field(obj, "parameters", dict, "the request", required=False) or {}
+    raw_inputs = _field(obj, "inputs", list, "the request")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in raw_inputs:
+        if not isinstance(item, dict):
+            raise InvalidInput("each element of 'inputs' must be a JSON object")
+        name = _field(item, "name", str, "an input")
+        what = f"input '{name}'"
+        if name in inputs:
+            raise InvalidInput(f"{what} appears twice")
+        shape = _shape(item.get("shape"), what)
+        datatype = _datatype(item.get("datatype"), what)
+        params = _field(item, "parameters", dict, what, required=False) or {}
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidInput(f"'binary_data_size' of {what} must be a non-negative integer")
+            if offset + size > len(binary):
+                raise InvalidInput(f"{what} needs {size} bytes of binary data, only {len(binary) - offset} remain")
+            inputs[name] = _from_binary(binary[offset : offset + size], datatype, shape, what)
+            offset += size
+        elif item.get("data") is not None:
+            inputs[name] = _from_json_data(item["data"], datatype, shape, what)
+        else:
+            raise InvalidInput(f"{what} has neither 'data' nor a 'binary_data_size' parameter")
+    if offset != len(binary):
+        raise InvalidInput(f"the request carries {len(binary) - offset} bytes of binary data that no input claims")
+    outputs: dict[str, bool] = {}
+    for item in _field(obj, "outputs", list, "the request", required=False) or []:
+        if not isinstance(item, dict):
+            raise InvalidInput("each element of 'outputs' must be a JSON object")
+        name = _field(item, "name", str, "a requested output")
+        params = _field(item, "parameters", dict, f"output '{name}'", required=False) or {}
+        if params.get("classification"):
+            raise InvalidInput("the classification extension is not supported")
+        outputs[name] = bool(params.get("binary_data", False))
+    return InferRequest(
+        inputs=inputs,
+        id=request_id,
+        outputs=outputs,
+        binary_outputs=bool(parameters.get("binary_data_output", False)),
+        parameters=parameters,
+    )
+
+
+def _tensor_bytes(array: np.ndarray) -> bytes:
+    if array.dtype == np.object_:
+        return serialize_byte_tensor(array).tobytes()
+    return np.ascontiguousarray(array).tobytes()
+
+
+def encode_rest(
+    model_name: str, version: int, request: InferRequest, outputs: Mapping[str, np.ndarray]
+) -> tuple[bytes, int | None]:
+    """Encodes an infer response; returns the body and the JSON header's length if binary parts follow."""
+    entries, blobs = [], []
+    for name, array in outputs.items():
+        entry: dict[str, Any] = {"name": name, "datatype": datatypes.from_numpy(array.dtype), "shape": array.shape}
+        if request.outputs.get(name, request.binary_outputs):
+            blob = _tensor_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        elif array.dtype == np.object_:
+            entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in array.ravel()]
+        else:
+            entry["data"] = np.ascontiguousarray(array).ravel()
+        entries.append(entry)
+    response: dict[str, Any] = {"model_name": model_name, "model_version": str(version), "outputs": entries}
+    if request.id:
+        response["id"] = request.id
+    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+# ---------------------------------------------------------------- gRPC
+
+#: InferTensorContents field holding each datatype (FP16 travels only as raw contents).
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def _grpc_parameter(value: pb.InferParameter) -> Any:
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice else None
+
+
+def decode_grpc(request: pb.ModelInferRequest) -> InferRequest:
+    """Decodes a gRPC ModelInferRequest, with raw or typed input contents."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        what = f"input '{tensor.name}'"
+        if tensor.name in inputs:
+            raise InvalidInput(f"{what} appears twice")
+        datatype = _datatype(tensor.datatype, what)
+        if any(d < 0 for d in tensor.shape):
+            raise InvalidInput(f"'shape' of {what} must be non-negative")
+        shape = tuple(tensor.shape)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"{what} has both contents and raw_input_contents")
+            inputs[tensor.name] = _from_binary(memoryview(raw[index]), datatype, shape, what)
+            continue
+        if datatype == "FP16":
+            raise InvalidInput(f"{what} is FP16, which gRPC carries only in raw_input_contents")
+        values = getattr(tensor.contents, _CONTENTS_FIELD[datatype])
+        dtype = datatypes.to_numpy(datatype)
+        array = np.array(values, dtype=dtype) if datatype != "BYTES" else np.array(list(values), dtype=object)
+        if array.size != math.prod(shape):
+            raise InvalidInput(f"{what} has {array.size} elements in contents but shape {list(shape)} needs {math.prod(shape)}")
+        inputs[tensor.name] = array.reshape(shape)
+    outputs = {}
+    for requested in request.outputs:
+        if "classification" in requested.parameters:
+            raise InvalidInput("the classification extension is not supported")
+        outputs[requested.name] = True
+    return InferRequest(
+        inputs=inputs,
+        id=request.id,
+        outputs=outputs,
+        parameters={k: _grpc_parameter(v) for k, v in request.parameters.items()},
+    )
+
+
+def encode_grpc(
+    model_name: str, version: int, request: InferRequest, outputs: Mapping[str, np.ndarray]
+) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name=model_name, model_version=str(version), id=request.id)
+    for name, array in outputs.items():
+        response.outputs.add(name=name, datatype=datatypes.from_numpy(array.dtype), shape=array.shape)
+        response.raw_output_contents.append(_tensor_bytes(array))
+    return response

@@ -1,0 +1,24 @@
+"""Core errors -> HTTP status and gRPC code, in one place for both edges."""
+
+from __future__ import annotations
+
+import grpc
+
+from ..core.errors import AscendError, InvalidInput, ModelNotFound, ModelNotReady
+
+# Triton answers 400 for a model that exists but is unavailable; so does this server.
+_STATUS = {InvalidInput: 400, ModelNotFound: 404, ModelNotReady: 400}
+_CODE = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    ModelNotFound: grpc.StatusCode.NOT_FOUND,
+    ModelNotReady: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def http_status(error: AscendError) -> int:
+    """4xx for client mistakes; 500 only for faults of the server or device."""
+    return _STATUS.get(type(error), 500)
+
+
+def grpc_code(error: AscendError) -> grpc.StatusCode:
+    return _CODE.get(type(error), grpc.StatusCode.INTERNAL)

@@ -1,0 +1,107 @@
+"""The OIP v2 gRPC edge: Triton's GRPCInferenceService (the proto tritonclient ships)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+from grpc import aio
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from ..core.errors import AscendError
+from .codec import decode_grpc, encode_grpc
+from .dataplane import DataPlane
+from .errors import grpc_code
+
+log = logging.getLogger(__name__)
+
+
+def _answers_errors(rpc):
+    """Aborts the call with the code of a core error; the server goes on serving."""
+
+    @functools.wraps(rpc)
+    async def wrapper(self, request, context: aio.ServicerContext):
+        try:
+            return await rpc(self, request, context)
+        except AscendError as error:
+            code = grpc_code(error)
+            (log.error if code is grpc.StatusCode.INTERNAL else log.info)("%s: %s", rpc.__name__, error)
+            await context.abort(code, str(error))
+
+    return wrapper
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(**self.dataplane.metadata())
+
+    @_answers_errors
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.dataplane.model_ready(request.name, request.version))
+
+    @_answers_errors
+    async def ModelMetadata(self, request, context):
+        metadata = self.dataplane.model_metadata(request.name, request.version)
+        tensors = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=metadata["name"],
+            versions=metadata["versions"],
+            platform=metadata["platform"],
+            inputs=[tensors(**t) for t in metadata["inputs"]],
+            outputs=[tensors(**t) for t in metadata["outputs"]],
+        )
+
+    @_answers_errors
+    async def ModelConfig(self, request, context):
+        config = self.dataplane.model(request.name).version(request.version).config
+        return pb.ModelConfigResponse(config=config)
+
+    @_answers_errors
+    async def RepositoryIndex(self, request, context):
+        index = self.dataplane.index()
+        if request.ready:
+            index = [entry for entry in index if entry["state"] == "READY"]
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in index])
+
+    @_answers_errors
+    async def ModelInfer(self, request, context):
+        infer_request = decode_grpc(request)
+        served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
+        return encode_grpc(served.name, served.version, infer_request, outputs)
+
+
+class GrpcServer:
+    """A grpc.aio server on the event loop the REST server shares, so both feed one batcher."""
+
+    def __init__(self, port: int, dataplane: DataPlane, options: list[tuple[str, int]], grace_period: float = 30):
+        self.port = port
+        self.dataplane = dataplane
+        self.options = options
+        self.grace_period = grace_period
+        self._server: aio.Server | None = None
+
+    async def start(self) -> None:
+        # Created here: a grpc.aio server belongs to the loop that is running when it is made.
+        self._server = aio.server(options=self.options)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane), self._server)
+        self._server.add_insecure_port(f"[::]:{self.port}")
+        await self._server.start()
+        log.info("gRPC server listening on port %d", self.port)
+        await self._server.wait_for_termination()
+
+    async def stop(self, sig: int | None = None) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=self.grace_period)
+
+

@@ -1,0 +1,51 @@
+"""Each repository model as a `kserve.Model`, registered in KServe's model registry."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import kserve
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+
+from ..core.model import Model
+
+
+class AscendModel(kserve.Model):
+    """A model of the repository (all its served versions) behind KServe's Model interface.
+
+    The OIP edges of this server call the core directly; `predict` serves KServe's own
+    data plane, so the model also works wherever KServe hands it an InferRequest.
+    """
+
+    def __init__(self, model: Model):
+        super().__init__(model.name)
+        self.model = model
+
+    def load(self) -> bool:
+        """Loads every served version (blocking); a broken model stays not ready, with its reason."""
+        self.ready = self.model.load()
+        return self.ready
+
+    def stop(self) -> None:
+        self.model.close()
+        self.ready = False
+
+    async def predict(
+        self,
+        payload: InferRequest,
+        headers: Optional[Dict[str, str]] = None,
+        response_headers: Optional[Dict[str, str]] = None,
+    ) -> InferResponse:
+        served = self.model.version(payload.model_version)
+        outputs = await served.infer({i.name: i.as_numpy() for i in payload.inputs})
+        infer_outputs = []
+        for name, array in outputs.items():
+            output = InferOutput(name=name, shape=list(array.shape), datatype="")
+            output.set_data_from_numpy(array)
+            infer_outputs.append(output)
+        return InferResponse(
+            response_id=payload.id or "",
+            model_name=self.name,
+            model_version=str(served.version),
+            infer_outputs=infer_outputs,
+        )

@@ -1,0 +1,126 @@
+"""The OIP v2 REST edge: Starlette routes that translate HTTP to the data plane and back.
+
+Routes are plain Starlette endpoints (no pydantic models on the hot path): the body is
+decoded once by the codec and the response is encoded straight to bytes with orjson.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..core.errors import AscendError
+from .codec import HEADER_LENGTH, decode_rest, encode_rest
+from .dataplane import DataPlane
+from .errors import http_status
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+
+
+def _json(content, status: int = 200) -> Response:
+    return Response(orjson.dumps(content), status_code=status, media_type=JSON)
+
+
+def _error(message: str, status: int) -> Response:
+    return _json({"error": message}, status)
+
+
+def _answers_errors(endpoint):
+    """Turns a core error into `{"error": ...}` with its status; the server goes on serving."""
+
+    @functools.wraps(endpoint)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except AscendError as error:
+            status = http_status(error)
+            (log.error if status >= 500 else log.info)("%s %s: %s", request.method, request.url.path, error)
+            return _error(str(error), status)
+
+    return wrapper
+
+
+class RestEndpoints:
+    def __init__(self, dataplane: DataPlane):
+        self.dataplane = dataplane
+
+    async def server_metadata(self, request: Request) -> Response:
+        return _json(self.dataplane.metadata())
+
+    async def live(self, request: Request) -> Response:
+        return _json({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        # OIP: 200 means ready, 4xx means not ready.
+        ready = self.dataplane.ready()
+        return _json({"ready": ready}, 200 if ready else 400)
+
+    async def model_metadata(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(self.dataplane.model_metadata(p["model_name"], p.get("model_version")))
+
+    async def model_ready(self, request: Request) -> Response:
+        p = request.path_params
+        name, version = p["model_name"], p.get("model_version")
+        if not self.dataplane.model_ready(name, version):
+            model = self.dataplane.model(name)
+            return _error(f"model '{name}' is not ready: {model.reason}", 400)
+        return _json({"name": name, "ready": True})
+
+    async def model_config(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(self.dataplane.model_config(p["model_name"], p.get("model_version")))
+
+    async def repository_index(self, request: Request) -> Response:
+        return _json(self.dataplane.index())
+
+    async def infer(self, request: Request) -> Response:
+        p = request.path_params
+        infer_request = decode_rest(await request.body(), request.headers.get(HEADER_LENGTH))
+        served, outputs = await self.dataplane.infer(p["model_name"], p.get("model_version"), infer_request)
+        body, header_length = encode_rest(served.name, served.version, infer_request, outputs)
+        if header_length is None:
+            return Response(body, media_type=JSON)
+        return Response(
+            body,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(header_length)},
+        )
+
+    def routes(self) -> list[Route]:
+        model = "/v2/models/{model_name}"
+        version = model + "/versions/{model_version}"
+        table = [
+            ("/v2", self.server_metadata, "GET"),
+            ("/v2/health/live", self.live, "GET"),
+            ("/v2/health/ready", self.ready, "GET"),
+            ("/v2/repository/index", self.repository_index, "POST"),
+        ]
+        for prefix in (model, version):
+            table += [
+                (prefix, self.model_metadata, "GET"),
+                (prefix + "/ready", self.model_ready, "GET"),
+                (prefix + "/config", self.model_config, "GET"),
+                (prefix + "/infer", self.infer, "POST"),
+            ]
+        return [Route(path, _answers_errors(endpoint), methods=[method]) for path, endpoint, method in table]
+
+
+async def _http_error(request: Request, error: HTTPException) -> Response:
+    """Unknown routes and wrong methods answer in the OIP error shape too."""
+    return _error(str(error.detail), error.status_code)
+
+
+def install(app: Starlette, dataplane: DataPlane) -> None:
+    """Puts the OIP routes ahead of any the app registers later (KServe's own v2 routes)."""
+    app.router.routes[:0] = RestEndpoints(dataplane).routes()
+    app.add_exception_handler(HTTPException, _http_error)

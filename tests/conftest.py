@@ -1,0 +1,107 @@
+"""Fixtures that start real server processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+REPOSITORY = ROOT / "model_repository"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    log: Path
+
+    @property
+    def http(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.http}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait_ready: bool = True) -> Server:
+    """Starts `python -m kserve_ascend` and waits until it is ready (or, for a broken repository, loaded)."""
+    http_port, grpc_port = free_port(), free_port()
+    command = [
+        sys.executable, "-m", "kserve_ascend",
+        "--model_dir", str(model_dir),
+        "--http_port", str(http_port),
+        "--grpc_port", str(grpc_port),
+        *extra,
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
+    server = Server(process, http_port, grpc_port, log)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.output()}")
+        try:
+            if wait_ready:
+                if requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+                    return server
+            else:
+                index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
+                if all(entry["state"] != "LOADING" for entry in index) and requests.get(f"{server.url}/v2/health/live").ok:
+                    return server
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    stop_server(server)
+    raise RuntimeError(f"server did not become ready:\n{server.output()}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Server:
+    """The KServe server on the project's own model_repository/."""
+    srv = start_server(REPOSITORY, tmp_path_factory.mktemp("logs") / "server.log")
+    yield srv
+    stop_server(srv)
+
+
+def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path:
+    """Copies a model of model_repository/ into another repository (renaming it if asked)."""
+    target = repository / (new_name or name)
+    shutil.copytree(REPOSITORY / name, target)
+    if new_name:
+        config = target / "config.pbtxt"
+        config.write_text(config.read_text().replace(f'name: "{name}"', f'name: "{new_name}"'))
+    return target

@@ -1,0 +1,174 @@
+"""Dynamic batching: each caller gets exactly its own rows; batches form as dynamic_batching says.
+
+Batch formation is checked on the core's scheduler in-process (deterministic, with a
+recording runner); row routing is checked on the real server under concurrent load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import model_config_pb2 as mc
+
+from conftest import copy_model, start_server, stop_server
+from kserve_ascend.core.batching import BatchQueue, Scheduler
+
+
+class RecordingRunner:
+    """Runs a batch by echoing each request's inputs; records the row count of every batch."""
+
+    def __init__(self, seconds: float = 0.0):
+        self.batches: list[list[int]] = []
+        self.seconds = seconds
+        self.active = 0
+        self.most_active = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, requests):
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        self.batches.append([len(r["x"]) for r in requests])
+        time.sleep(self.seconds)
+        with self._lock:
+            self.active -= 1
+        return [{"y": r["x"] * 2} for r in requests]
+
+
+def run_scheduler(rows: list[int], *, max_batch: int = 8, delay_us: int | None = 100_000, preferred=(), instances: int = 1, seconds: float = 0.0, stagger: float = 0.0):
+    dynamic = None
+    if delay_us is not None:
+        dynamic = mc.ModelDynamicBatching(max_queue_delay_microseconds=delay_us, preferred_batch_size=list(preferred))
+    runner = RecordingRunner(seconds)
+    executors = [ThreadPoolExecutor(1) for _ in range(instances)]
+
+    async def main():
+        scheduler = Scheduler([runner] * instances, executors, BatchQueue(max_batch, dynamic))
+
+        async def one(index, count):
+            await asyncio.sleep(stagger * index)
+            x = np.full((count, 2), index, dtype=np.int64)
+            return await scheduler.submit({"x": x}, count, ((2,),))
+
+        results = await asyncio.gather(*(one(i, n) for i, n in enumerate(rows)))
+        scheduler.close(RuntimeError("closed"))
+        return results
+
+    results = asyncio.run(main())
+    for executor in executors:
+        executor.shutdown()
+    for index, (count, result) in enumerate(zip(rows, results)):
+        np.testing.assert_array_equal(result["y"], np.full((count, 2), 2 * index))
+    return runner
+
+
+def test_concurrent_requests_fill_batches_up_to_max_batch_size():
+    runner = run_scheduler([1] * 10)
+    assert runner.batches == [[1] * 8, [1, 1]]
+
+
+def test_mixed_batch_sizes_never_exceed_max_and_keep_fifo_order():
+    runner = run_scheduler([3, 3, 3, 1, 4])
+    assert runner.batches == [[3, 3], [3, 1, 4]]
+    assert all(sum(batch) <= 8 for batch in runner.batches)
+
+
+def test_preferred_batch_size_is_sent_without_waiting_for_more():
+    # Four requests arrive at once, a fifth 50 ms later; delay 1 s: the preferred 4 goes at once.
+    runner = run_scheduler([1, 1, 1, 1, 1], delay_us=1_000_000, preferred=(4,), stagger=0.0)
+    assert runner.batches[0] == [1, 1, 1, 1]
+
+
+def test_queue_delay_bounds_the_wait_for_a_full_batch():
+    # Requests 30 ms apart with a 5 ms delay never meet in one batch.
+    runner = run_scheduler([1, 1, 1], delay_us=5_000, stagger=0.03)
+    assert runner.batches == [[1], [1], [1]]
+
+
+def test_without_dynamic_batching_each_request_runs_alone():
+    runner = run_scheduler([2, 1, 3], delay_us=None)
+    assert runner.batches == [[2], [1], [3]]
+
+
+def test_instances_run_batches_concurrently_from_one_queue():
+    runner = run_scheduler([1] * 6, max_batch=1, delay_us=None, instances=3, seconds=0.05)
+    assert runner.most_active == 3
+    assert sorted(map(sum, runner.batches)) == [1] * 6
+
+
+def test_a_failed_execution_fails_only_its_own_batch():
+    calls = []
+
+    def runner(requests):
+        calls.append(len(requests))
+        if len(calls) == 1:
+            raise RuntimeError("device fell over")
+        return [{"y": r["x"]} for r in requests]
+
+    async def main():
+        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], BatchQueue(2, mc.ModelDynamicBatching(max_queue_delay_microseconds=100_000)))
+        x = np.zeros((1, 1))
+        results = await asyncio.gather(*(scheduler.submit({"x": x}, 1, ()) for _ in range(4)), return_exceptions=True)
+        scheduler.close(RuntimeError("closed"))
+        return results
+
+    results = asyncio.run(main())
+    assert calls == [2, 2]
+    assert [str(r) for r in results[:2]] == ["device fell over"] * 2
+    assert all(isinstance(r, dict) for r in results[2:])
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory):
+    """`sim` at 30 ms a batch plus `simple` with dynamic batching: concurrency must batch."""
+    repository = tmp_path_factory.mktemp("batching_repo")
+    sim = copy_model("sim", repository)
+    (sim / "config.pbtxt").write_text((sim / "config.pbtxt").read_text().replace('string_value: "20"', 'string_value: "30"'))
+    simple = copy_model("simple", repository)
+    (simple / "config.pbtxt").write_text(
+        (simple / "config.pbtxt").read_text() + "dynamic_batching { max_queue_delay_microseconds: 20000 }\n"
+    )
+    server = start_server(repository, repository.parent / "batching.log")
+    yield server
+    stop_server(server)
+
+
+def test_concurrent_mixed_batches_get_their_own_rows_over_http_and_grpc(batching_server):
+    rows_per_request = [1, 2, 3, 1, 4, 2, 1, 3, 2, 1, 1, 4] * 2
+
+    def http_call(index):
+        rows = rows_per_request[index]
+        data = (np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + 1000 * index)
+        with httpclient.InferenceServerClient(batching_server.http) as client:
+            tensor = httpclient.InferInput("INPUT0", [rows, 4], "FP32")
+            tensor.set_data_from_numpy(data)
+            return data, client.infer("sim", [tensor]).as_numpy("OUTPUT0")
+
+    def grpc_call(index):
+        rows = rows_per_request[index]
+        a = np.full((rows, 16), index, np.int32)
+        b = np.arange(rows * 16, dtype=np.int32).reshape(rows, 16)
+        with grpcclient.InferenceServerClient(batching_server.grpc) as client:
+            inputs = []
+            for name, array in (("INPUT0", a), ("INPUT1", b)):
+                tensor = grpcclient.InferInput(name, list(array.shape), "INT32")
+                tensor.set_data_from_numpy(array)
+                inputs.append(tensor)
+            result = client.infer("simple", inputs)
+            return (a + b, a - b), (result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1"))
+
+    with ThreadPoolExecutor(len(rows_per_request)) as pool:
+        http_results = list(pool.map(http_call, range(len(rows_per_request))))
+        grpc_results = list(pool.map(grpc_call, range(len(rows_per_request))))
+    for sent, received in http_results:
+        np.testing.assert_array_equal(received, sent)
+    for expected, received in grpc_results:
+        for want, got in zip(expected, received):
+            np.testing.assert_array_equal(got, want)
