@@ -34,9 +34,9 @@ def assert_still_serves(server):
 
 
 REST_CASES = {
-    "unknown model": ("/v2/models/nope/infer", GOOD, 404, "unknown model 'nope'"),
-    "unknown version": ("/v2/models/simple/versions/9/infer", GOOD, 404, "no version '9'"),
-    "non-numeric version": ("/v2/models/simple/versions/x/infer", GOOD, 404, "no version 'x'"),
+    "unknown model": ("/v2/models/nope/infer", GOOD, 404, "Request for unknown model: 'nope' is not found"),
+    "unknown version": ("/v2/models/simple/versions/9/infer", GOOD, 404, "'simple' version 9 is not found"),
+    "non-numeric version": ("/v2/models/simple/versions/x/infer", GOOD, 404, "'simple' version x is not found"),
     "malformed JSON": ("/v2/models/simple/infer", b'{"inputs": [', 400, "malformed JSON"),
     "empty body": ("/v2/models/simple/infer", b"", 400, "malformed JSON"),
     "body not an object": ("/v2/models/simple/infer", b"[1, 2]", 400, "must be a JSON object"),
@@ -132,7 +132,7 @@ def test_unknown_routes_and_methods_answer_in_oip_error_shape(server):
 def test_health_of_unknown_model_and_version(server):
     assert requests.get(f"{server.url}/v2/models/nope/ready").status_code == 404
     assert requests.get(f"{server.url}/v2/models/simple/versions/4/ready").status_code == 404
-    assert requests.get(f"{server.url}/v2/models/nope").json() == {"error": "unknown model 'nope'"}
+    assert requests.get(f"{server.url}/v2/models/nope").json() == {"error": "Request for unknown model: 'nope' is not found"}
 
 
 def grpc_request(**changes) -> pb.ModelInferRequest:

@@ -172,3 +172,26 @@ def test_concurrent_mixed_batches_get_their_own_rows_over_http_and_grpc(batching
     for expected, received in grpc_results:
         for want, got in zip(expected, received):
             np.testing.assert_array_equal(got, want)
+
+
+def test_statistics_show_batches_formed_under_load(batching_server):
+    """Triton's statistics extension: inference_count counts rows, execution_count batches."""
+    def call(index):
+        with httpclient.InferenceServerClient(batching_server.http) as client:
+            tensor = httpclient.InferInput("INPUT0", [2, 4], "FP32")
+            tensor.set_data_from_numpy(np.full((2, 4), index, np.float32))
+            client.infer("sim", [tensor], model_version="1")
+
+    with httpclient.InferenceServerClient(batching_server.http) as client:
+        before = client.get_inference_statistics("sim")["model_stats"][0]
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(call, range(16)))
+        after = client.get_inference_statistics("sim", "1")["model_stats"][0]
+    with grpcclient.InferenceServerClient(batching_server.grpc) as client:
+        grpc_after = client.get_inference_statistics("sim", as_json=True)["model_stats"][0]
+    assert after["inference_count"] - before["inference_count"] == 32
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 16
+    executions = after["execution_count"] - before["execution_count"]
+    assert executions < 16  # requests shared executions
+    assert all(b["batch_size"] <= 8 for b in after["batch_stats"])
+    assert int(grpc_after["inference_count"]) == after["inference_count"]

@@ -116,7 +116,7 @@ def test_grpc_named_version(versioned_server):
             tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
             tensors.append(tensor)
         assert client.infer("all_versions", tensors, model_version="2").get_response().model_version == "2"
-        with pytest.raises(Exception, match="no version '2'"):
+        with pytest.raises(Exception, match="'specific' version 2 is not found"):
             client.infer("specific", tensors, model_version="2")
 
 

@@ -16,6 +16,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .stats import VersionStats
+
 # Runs one batch: a list of requests' inputs in, a list of their outputs out (same order).
 BatchRunner = Callable[[Sequence[Mapping[str, np.ndarray]]], list[dict[str, np.ndarray]]]
 
@@ -105,8 +107,9 @@ class BatchQueue:
 class Scheduler:
     """Feeds the batches of one queue to a pool of instances (one per runner)."""
 
-    def __init__(self, runners: Sequence[BatchRunner], executors: Sequence, queue: BatchQueue):
+    def __init__(self, runners: Sequence[BatchRunner], executors: Sequence, queue: BatchQueue, stats: VersionStats | None = None):
         self.queue = queue
+        self.stats = stats if stats is not None else VersionStats()
         self._idle: asyncio.Queue = asyncio.Queue()
         for instance in zip(runners, executors):
             self._idle.put_nowait(instance)
@@ -135,16 +138,21 @@ class Scheduler:
 
     async def _execute(self, instance, batch: list[Pending]) -> None:
         runner, executor = instance
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(
-                executor, runner, [pending.inputs for pending in batch]
-            )
+            results = await loop.run_in_executor(executor, runner, [pending.inputs for pending in batch])
         except Exception as error:  # a failed execution fails every request in it, and only those
+            done = loop.time()
             for pending in batch:
+                self.stats.record_failure(_ns(done - pending.arrival))
                 if not pending.future.done():
                     pending.future.set_exception(error)
         else:
+            done = loop.time()
+            self.stats.record_execution(sum(p.rows for p in batch), len(batch), _ns(done - start))
             for pending, result in zip(batch, results):
+                self.stats.record_success(_ns(done - pending.arrival), _ns(start - pending.arrival))
                 if not pending.future.done():
                     pending.future.set_result(result)
         finally:
@@ -159,3 +167,7 @@ class Scheduler:
             self._task.cancel()
         for pending in self.queue.drain():
             pending.future.set_exception(reason)
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)

@@ -14,9 +14,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import config as cfg
 from .batching import BatchQueue, Scheduler
 from .datatypes import to_config
-from .errors import ModelLoadError, ModelNotFound, ModelNotReady
+from .errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
 from .runtimes import Runtime, TensorSpec, load_runtime
 from .signature import Signature
+from .stats import VersionStats
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +131,12 @@ class ModelVersion:
         self.signature = Signature(config)
         self.instances = instances
         dynamic = config.dynamic_batching if config.HasField("dynamic_batching") else None
+        self.stats = VersionStats()
         self.scheduler = Scheduler(
             [i.run_batch for i in instances],
             [i.executor for i in instances],
             BatchQueue(config.max_batch_size, dynamic),
+            self.stats,
         )
 
     @classmethod
@@ -165,9 +168,13 @@ class ModelVersion:
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
         """Runs one request, batched with others; returns the requested outputs (all by default)."""
-        rows = self.signature.check_inputs(inputs)
-        if output_names:
-            self.signature.check_outputs(output_names)
+        try:
+            rows = self.signature.check_inputs(inputs)
+            if output_names:
+                self.signature.check_outputs(output_names)
+        except InvalidInput:
+            self.stats.record_failure(0)
+            raise
         shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
         outputs = await self.scheduler.submit(inputs, rows, shape_key)
         if output_names:
@@ -231,8 +238,10 @@ class Model:
         try:
             return self.versions[int(version)]
         except (ValueError, KeyError):
+            # Triton's wording, which clients (and Triton's own examples) match on.
             raise ModelNotFound(
-                f"model '{self.name}' has no version '{version}', it serves {sorted(self.versions)}"
+                f"Request for unknown model: '{self.name}' version {version} is not found"
+                f" (it serves versions {sorted(self.versions)})"
             ) from None
 
     def close(self) -> None:

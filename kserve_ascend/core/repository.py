@@ -27,7 +27,8 @@ class Repository:
         try:
             return self.models[name]
         except KeyError:
-            raise ModelNotFound(f"unknown model '{name}'") from None
+            # Triton's wording, which clients (and Triton's own examples) match on.
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found") from None
 
     @property
     def ready(self) -> bool:

@@ -12,7 +12,7 @@ from .codec import InferRequest
 
 SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
 
 
 class DataPlane:
@@ -57,6 +57,15 @@ class DataPlane:
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The model's config as Triton's model configuration extension returns it (JSON)."""
         return config_json(self.repository.get(name).version(version).config)
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Triton's statistics extension: every served version, or those of one model (version)."""
+        if name:
+            model = self.repository.get(name)
+            versions = [model.version(version)] if version else [model.versions[v] for v in sorted(model.versions)]
+        else:
+            versions = [m.versions[v] for m in self.repository.models.values() for v in sorted(m.versions)]
+        return {"model_stats": [v.stats.as_dict(v.name, v.version) for v in versions]}
 
     def index(self) -> list[dict]:
         return self.repository.index()

@@ -6,6 +6,7 @@ import functools
 import logging
 
 import grpc
+from google.protobuf import json_format
 from grpc import aio
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
@@ -66,6 +67,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request, context):
         config = self.dataplane.model(request.name).version(request.version).config
         return pb.ModelConfigResponse(config=config)
+
+    @_answers_errors
+    async def ModelStatistics(self, request, context):
+        statistics = self.dataplane.statistics(request.name, request.version)
+        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
 
     @_answers_errors
     async def RepositoryIndex(self, request, context):

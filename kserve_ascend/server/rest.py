@@ -80,6 +80,10 @@ class RestEndpoints:
         p = request.path_params
         return _json(self.dataplane.model_config(p["model_name"], p.get("model_version")))
 
+    async def statistics(self, request: Request) -> Response:
+        p = request.path_params
+        return _json(self.dataplane.statistics(p.get("model_name"), p.get("model_version")))
+
     async def repository_index(self, request: Request) -> Response:
         return _json(self.dataplane.index())
 
@@ -104,12 +108,14 @@ class RestEndpoints:
             ("/v2/health/live", self.live, "GET"),
             ("/v2/health/ready", self.ready, "GET"),
             ("/v2/repository/index", self.repository_index, "POST"),
+            ("/v2/models/stats", self.statistics, "GET"),
         ]
         for prefix in (model, version):
             table += [
                 (prefix, self.model_metadata, "GET"),
                 (prefix + "/ready", self.model_ready, "GET"),
                 (prefix + "/config", self.model_config, "GET"),
+                (prefix + "/stats", self.statistics, "GET"),
                 (prefix + "/infer", self.infer, "POST"),
             ]
         return [Route(path, _answers_errors(endpoint), methods=[method]) for path, endpoint, method in table]

@@ -1,0 +1,538 @@
+"""The pyACL runtime: a CANN `.om` model (built by ATC) on one Ascend NPU.
+
+Written against the real pyACL API, the `acl` Python module of the CANN toolkit, with the
+calling conventions of CANN's own Python samples:
+
+* a call that produces something returns `(value, ret)`: `acl.rt.create_context`,
+  `acl.rt.create_stream`, `acl.rt.malloc`, `acl.mdl.load_from_file`, `acl.mdl.get_input_dims`,
+  `acl.mdl.get_dynamic_batch`, `acl.mdl.get_input_index_by_name`, `acl.mdl.add_dataset_buffer`;
+* a call that only acts returns a bare `ret` (0 is success);
+* constructors of host-side structures return a bare handle, 0 when they fail
+  (`acl.mdl.create_desc`, `acl.mdl.create_dataset`, `acl.create_data_buffer`), and queries of
+  a model description return a bare value (counts, sizes, names, data types).
+
+Everything the device needs is made once at load (device buffers, data buffers, datasets,
+host staging arrays), so `run` only copies, executes and copies back.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..datatypes import from_numpy, to_numpy
+from ..errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
+from .base import Runtime, TensorSpec
+
+log = logging.getLogger(__name__)
+
+ACL_SUCCESS = 0
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_MEM_MALLOC_HUGE_FIRST = 0
+ACL_MEMCPY_HOST_TO_DEVICE = 1
+ACL_MEMCPY_DEVICE_TO_HOST = 2
+
+#: The extra model input ATC adds for --dynamic_batch_size; set_dynamic_batch_size fills it.
+DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"
+
+#: aclDataType -> OIP datatype (acl_base.h; ACL_STRING and the complex/4-bit types have no
+#: fixed-size numpy equivalent here).
+ACL_DATATYPES = {
+    0: "FP32",  # ACL_FLOAT
+    1: "FP16",  # ACL_FLOAT16
+    2: "INT8",
+    3: "INT32",
+    4: "UINT8",
+    6: "INT16",
+    7: "UINT16",
+    8: "UINT32",
+    9: "INT64",
+    10: "UINT64",
+    11: "FP64",  # ACL_DOUBLE
+    12: "BOOL",
+}
+
+# DeviceError wants a return code; constructors that fail return a null handle instead.
+_NULL_HANDLE = -1
+
+
+def _import_acl() -> Any:
+    try:
+        return importlib.import_module("acl")
+    except (ImportError, OSError) as error:
+        raise ModelLoadError(
+            "the acl runtime needs pyACL, the `acl` Python module of the CANN toolkit, and it "
+            f"cannot be imported ({error}). Install the CANN toolkit and load its environment "
+            "before starting the server: source /usr/local/Ascend/ascend-toolkit/set_env.sh"
+        ) from error
+
+
+class _ProcessAcl:
+    """acl.init once per process, acl.finalize when the last runtime using it closes."""
+
+    _lock = threading.Lock()
+    _users: dict[Any, int] = {}  # acl module -> open runtimes
+    _owned: dict[Any, bool] = {}  # acl module -> whether our acl.init did the initialising
+
+    @classmethod
+    def acquire(cls, acl: Any) -> None:
+        with cls._lock:
+            if cls._users.get(acl, 0) == 0:
+                ret = acl.init()
+                # Someone else in the process (another framework) initialised ACL first:
+                # use it, and leave acl.finalize to them.
+                if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
+                    raise DeviceError("acl.init", ret, _recent_error(acl))
+                cls._owned[acl] = ret == ACL_SUCCESS
+            cls._users[acl] = cls._users.get(acl, 0) + 1
+
+    @classmethod
+    def release(cls, acl: Any) -> None:
+        with cls._lock:
+            cls._users[acl] -= 1
+            if cls._users[acl]:
+                return
+            del cls._users[acl]
+            if cls._owned.pop(acl):
+                _check(acl, "acl.finalize", acl.finalize())
+
+
+def _recent_error(acl: Any) -> str:
+    """ACL's own description of the last failure in this thread, when it has one."""
+    try:
+        return str(acl.get_recent_err_msg() or "")
+    except Exception:  # an old pyACL without it, or a broken runtime: the code is enough
+        return ""
+
+
+def _check(acl: Any, call: str, ret: int) -> None:
+    if ret != ACL_SUCCESS:
+        raise DeviceError(call, ret, _recent_error(acl))
+
+
+def _datatype_of(value: Any) -> str:
+    try:
+        return from_numpy(value.dtype)
+    except (AttributeError, KeyError):
+        return str(getattr(value, "dtype", type(value).__name__))
+
+
+@dataclass
+class _Tensor:
+    """One model input or output, with its buffers made once at load and reused by every run."""
+
+    spec: TensorSpec
+    dtype: np.dtype
+    size: int  # bytes, as the model reports them (for the largest gear)
+    rows: int  # batch rows `size` holds; 0 when the tensor has no batch dimension
+    device: int = 0  # acl.rt.malloc pointer
+    data_buffer: int = 0  # acl.create_data_buffer handle over `device`
+    host: np.ndarray | None = None  # staging array, exactly `size` bytes
+    host_ptr: int = 0
+
+    @property
+    def row_bytes(self) -> int:
+        return self.size // self.rows if self.rows else self.size
+
+    def nbytes(self, rows: int | None) -> int:
+        """Bytes that `rows` batch rows take (the whole tensor when it is not batched)."""
+        return self.row_bytes * rows if self.rows and rows is not None else self.size
+
+
+class AclRuntime(Runtime):
+    """A CANN offline model (.om) loaded with pyACL on one device."""
+
+    name = "acl"
+
+    def __init__(self, path: Path, device_id: int, config: mc.ModelConfig, acl: Any = None):
+        super().__init__(Path(path), device_id, config)
+        if not self.path.is_file():
+            raise ModelLoadError(f"OM model file {self.path} not found")
+        self._acl = acl if acl is not None else _import_acl()
+        self._joined = False  # holds a reference on the process-wide acl.init
+        self._device_set = False
+        self._context = 0
+        self._stream = 0
+        self._model_id: int | None = None
+        self._desc = 0
+        self._input_dataset = 0
+        self._output_dataset = 0
+        self._slots: list[_Tensor] = []  # every model input in model (= dataset) order, gear input too
+        self._inputs: list[_Tensor] = []
+        self._outputs: list[_Tensor] = []
+        self._gears: tuple[int, ...] = ()  # dynamic batch gears, ascending
+        self._gear_index: int | None = None  # index of DYNAMIC_BATCH_INPUT
+        self._batch_sizes: tuple[int, ...] = ()  # batches one execute takes (gears or static)
+        self._closed = False
+        try:
+            self._load()
+        except BaseException:
+            self._release(raise_errors=False)
+            raise
+
+    # ---- loading -------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        acl = self._acl
+        _ProcessAcl.acquire(acl)
+        self._joined = True
+        self._call("acl.rt.set_device", acl.rt.set_device(self.device_id))
+        self._device_set = True
+        # Device -> Context -> Stream, the order CANN's resource guide prescribes.
+        self._context = self._value("acl.rt.create_context", acl.rt.create_context(self.device_id))
+        self._stream = self._value("acl.rt.create_stream", acl.rt.create_stream())
+        self._model_id = self._value(
+            "acl.mdl.load_from_file", acl.mdl.load_from_file(str(self.path))
+        )
+        self._desc = self._handle("acl.mdl.create_desc", acl.mdl.create_desc())
+        self._call("acl.mdl.get_desc", acl.mdl.get_desc(self._desc, self._model_id))
+        self._read_gears()
+        self._read_tensors()
+        self._choose_batching()
+        self._allocate()
+
+    def _read_gears(self) -> None:
+        batch = self._value(
+            "acl.mdl.get_dynamic_batch", self._acl.mdl.get_dynamic_batch(self._desc)
+        )
+        gears = sorted(int(gear) for gear in batch["batch"][: batch["batchCount"]])
+        if not gears:
+            return
+        self._gears = tuple(gears)
+        self._gear_index = self._value(
+            "acl.mdl.get_input_index_by_name",
+            self._acl.mdl.get_input_index_by_name(self._desc, DYNAMIC_BATCH_INPUT),
+        )
+
+    def _read_tensors(self) -> None:
+        mdl = self._acl.mdl
+        for index in range(mdl.get_num_inputs(self._desc)):
+            if index == self._gear_index:
+                size = mdl.get_input_size_by_index(self._desc, index)
+                self._slots.append(self._gear_tensor(size))
+                continue
+            tensor = self._tensor(
+                mdl.get_input_name_by_index(self._desc, index),
+                self._value("acl.mdl.get_input_dims", mdl.get_input_dims(self._desc, index)),
+                mdl.get_input_data_type(self._desc, index),
+                mdl.get_input_size_by_index(self._desc, index),
+            )
+            self._slots.append(tensor)
+            self._inputs.append(tensor)
+        for index in range(mdl.get_num_outputs(self._desc)):
+            self._outputs.append(
+                self._tensor(
+                    mdl.get_output_name_by_index(self._desc, index),
+                    self._value("acl.mdl.get_output_dims", mdl.get_output_dims(self._desc, index)),
+                    mdl.get_output_data_type(self._desc, index),
+                    mdl.get_output_size_by_index(self._desc, index),
+                )
+            )
+
+    def _gear_tensor(self, size: int) -> _Tensor:
+        if size <= 0:
+            raise ModelLoadError(f"{self.path}: input {DYNAMIC_BATCH_INPUT} reports size {size}")
+        spec = TensorSpec(DYNAMIC_BATCH_INPUT, "UINT8", (size,))
+        return _Tensor(spec, np.dtype(np.uint8), size, rows=0)
+
+    def _tensor(self, name: str, dims: Mapping, acl_type: int, size: int) -> _Tensor:
+        """A tensor from what the model description reports, or ModelLoadError if unusable."""
+        where = f"{self.path}: tensor {name!r}"
+        if acl_type not in ACL_DATATYPES:
+            raise ModelLoadError(f"{where}: ACL data type {acl_type} is not supported")
+        datatype = ACL_DATATYPES[acl_type]
+        shape = [int(d) for d in dims["dims"][: dims.get("dimCount", len(dims["dims"]))]]
+        if self._gears and shape:
+            # Dynamic batch: inputs report -1 for the batch, outputs the largest gear.
+            if shape[0] not in (-1, self._gears[-1]):
+                raise ModelLoadError(f"{where}: batch dimension {shape[0]} is not a gear")
+            shape[0] = self._gears[-1]
+        if any(d < 0 for d in shape):
+            raise ModelLoadError(
+                f"{where}: dynamic dimensions {shape} are not supported; compile the model with "
+                "fixed shapes or ATC --dynamic_batch_size gears"
+            )
+        dtype = to_numpy(datatype)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if size != expected or size == 0:
+            raise ModelLoadError(
+                f"{where}: the model reports {size} bytes, but {datatype}{shape} takes {expected} "
+                "(inputs preprocessed on the device, such as AIPP, are not supported)"
+            )
+        return _Tensor(TensorSpec(name, datatype, tuple(shape)), dtype, size, rows=0)
+
+    def _choose_batching(self) -> None:
+        """Dimension 0 is the batch when gears say so, or when every tensor shares it."""
+        tensors = self._inputs + self._outputs
+        leading = {t.spec.shape[0] if t.spec.shape else 0 for t in tensors}
+        if self._gears:
+            if 0 in leading:
+                raise ModelLoadError(
+                    f"{self.path}: dynamic batch gears, but a tensor has no batch dimension"
+                )
+            self._batch_sizes = self._gears
+        elif len(leading) == 1 and min(leading) > 0:
+            self._batch_sizes = (leading.pop(),)
+        else:
+            return  # not batched: every run takes the exact shapes
+        for tensor in tensors:
+            tensor.rows = self._batch_sizes[-1]
+            tensor.spec = TensorSpec(
+                tensor.spec.name, tensor.spec.datatype, (-1, *tensor.spec.shape[1:])
+            )
+
+    def _allocate(self) -> None:
+        """The buffer pool: device memory, data buffers, datasets and host staging, once."""
+        for tensor in self._slots + self._outputs:
+            tensor.device = self._value(
+                "acl.rt.malloc", self._acl.rt.malloc(tensor.size, ACL_MEM_MALLOC_HUGE_FIRST)
+            )
+        for tensor in self._inputs + self._outputs:
+            shape = (tensor.rows, *tensor.spec.shape[1:]) if tensor.rows else tensor.spec.shape
+            tensor.host = np.zeros(shape, dtype=tensor.dtype)
+            tensor.host_ptr = self._host_pointer(tensor.host)
+        self._input_dataset = self._handle("acl.mdl.create_dataset", self._acl.mdl.create_dataset())
+        self._fill(self._input_dataset, self._slots)
+        self._output_dataset = self._handle(
+            "acl.mdl.create_dataset", self._acl.mdl.create_dataset()
+        )
+        self._fill(self._output_dataset, self._outputs)
+
+    def _fill(self, dataset: int, tensors: list[_Tensor]) -> None:
+        """One aclDataBuffer per tensor, over its device buffer, in model order."""
+        for tensor in tensors:
+            tensor.data_buffer = self._handle(
+                "acl.create_data_buffer", self._acl.create_data_buffer(tensor.device, tensor.size)
+            )
+            self._value(
+                "acl.mdl.add_dataset_buffer",
+                self._acl.mdl.add_dataset_buffer(dataset, tensor.data_buffer),
+            )
+
+    def _host_pointer(self, array: np.ndarray) -> int:
+        # numpy_to_ptr gives the address of the array's own memory, so a staging array made
+        # once can be written in place (bytes_to_ptr only takes an immutable bytes object).
+        # pyACL warns that it "will be deprecated" on each call; this is one call per buffer.
+        to_ptr = getattr(self._acl.util, "numpy_to_ptr", None)
+        if to_ptr is None:
+            return array.ctypes.data  # the address numpy_to_ptr returns
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return to_ptr(array)
+
+    # ---- the Runtime interface -----------------------------------------------------------
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]:
+        return tuple(t.spec for t in self._inputs)
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]:
+        return tuple(t.spec for t in self._outputs)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._batch_sizes[-1] if self._batch_sizes else 0
+
+    @property
+    def info(self) -> Mapping[str, str]:
+        return {
+            **super().info,
+            "gears": ",".join(map(str, self._gears)) or "static",
+            "max_batch_size": str(self.max_batch_size),
+        }
+
+    def run(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        if self._closed:
+            raise ModelNotReady(f"{self.path} has been unloaded")
+        wanted = self._wanted_outputs(output_names)
+        rows = self._batch_of(inputs)
+        gear = next(g for g in self._batch_sizes if g >= rows) if rows is not None else None
+        acl = self._acl
+        # ACL contexts are bound to threads: make ours current in whichever thread runs.
+        self._call("acl.rt.set_context", acl.rt.set_context(self._context))
+        for tensor in self._inputs:
+            self._stage(tensor, inputs[tensor.spec.name], rows, gear)
+        if self._gears:
+            self._call(
+                "acl.mdl.set_dynamic_batch_size",
+                acl.mdl.set_dynamic_batch_size(
+                    self._model_id, self._input_dataset, self._gear_index, gear
+                ),
+            )
+        self._call(
+            "acl.mdl.execute",
+            acl.mdl.execute(self._model_id, self._input_dataset, self._output_dataset),
+        )
+        return {t.spec.name: self._fetch(t, rows) for t in wanted}
+
+    def _wanted_outputs(self, names: Sequence[str]) -> list[_Tensor]:
+        if not names:
+            return list(self._outputs)
+        by_name = {t.spec.name: t for t in self._outputs}
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise InvalidInput(
+                f"unknown output(s) {', '.join(unknown)}; the model has {', '.join(by_name)}"
+            )
+        return [by_name[n] for n in names]
+
+    def _batch_of(self, inputs: Mapping[str, np.ndarray]) -> int | None:
+        """Checks every input against the model; the common batch, None if not batched."""
+        names = {t.spec.name for t in self._inputs}
+        if set(inputs) != names:
+            missing, extra = names - set(inputs), set(inputs) - names
+            raise InvalidInput(
+                "inputs do not match the model"
+                + (f"; missing {', '.join(sorted(missing))}" if missing else "")
+                + (f"; unknown {', '.join(sorted(extra))}" if extra else "")
+            )
+        batches = {self._checked_rows(t, inputs[t.spec.name]) for t in self._inputs}
+        if len(batches) > 1:
+            raise InvalidInput(f"inputs have different batch sizes {sorted(batches)}")
+        rows = batches.pop() if batches else None
+        if rows is not None and not 1 <= rows <= self.max_batch_size:
+            raise InvalidInput(
+                f"batch of {rows} is outside 1..{self.max_batch_size}: {self.path.name} was "
+                f"compiled for batches {','.join(map(str, self._batch_sizes))}"
+            )
+        return rows
+
+    @staticmethod
+    def _checked_rows(tensor: _Tensor, array: np.ndarray) -> int | None:
+        spec = tensor.spec
+        if not isinstance(array, np.ndarray) or array.dtype != tensor.dtype:
+            raise InvalidInput(
+                f"input {spec.name}: datatype {_datatype_of(array)} does not match "
+                f"the model's {spec.datatype}"
+            )
+        fixed = spec.shape[1:] if tensor.rows else spec.shape
+        actual = array.shape[1:] if tensor.rows else array.shape
+        if array.ndim != len(spec.shape) or actual != fixed:
+            raise InvalidInput(
+                f"input {spec.name}: shape {list(array.shape)} does not match {list(spec.shape)}"
+            )
+        return array.shape[0] if tensor.rows else None
+
+    def _stage(
+        self, tensor: _Tensor, array: np.ndarray, rows: int | None, gear: int | None
+    ) -> None:
+        """Host staging, then H2D of the rows the gear runs (the padding rows are zeros)."""
+        if rows is None:
+            tensor.host[...] = array
+        else:
+            tensor.host[:rows] = array
+            tensor.host[rows:gear] = 0
+        self._call(
+            "acl.rt.memcpy",
+            self._acl.rt.memcpy(
+                tensor.device,
+                tensor.size,
+                tensor.host_ptr,
+                tensor.nbytes(gear),
+                ACL_MEMCPY_HOST_TO_DEVICE,
+            ),
+        )
+
+    def _fetch(self, tensor: _Tensor, rows: int | None) -> np.ndarray:
+        """D2H of the rows the request asked for; the copy frees the staging for the next run."""
+        self._call(
+            "acl.rt.memcpy",
+            self._acl.rt.memcpy(
+                tensor.host_ptr,
+                tensor.size,
+                tensor.device,
+                tensor.nbytes(rows),
+                ACL_MEMCPY_DEVICE_TO_HOST,
+            ),
+        )
+        return tensor.host[:rows].copy() if rows is not None else tensor.host.copy()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._release(raise_errors=True)
+
+    # ---- teardown ------------------------------------------------------------------------
+
+    def _release(self, raise_errors: bool) -> None:
+        """Frees whatever was acquired, in reverse order; every step runs even if one fails."""
+        self._closed = True
+        acl = self._acl
+        errors: list[DeviceError] = []
+
+        def attempt(call: str, action) -> None:
+            try:
+                _check(acl, call, action())
+            except DeviceError as error:
+                errors.append(error)
+
+        if self._context:
+            attempt("acl.rt.set_context", lambda: acl.rt.set_context(self._context))
+        for tensor in self._slots + self._outputs:
+            if tensor.data_buffer:
+                attempt(
+                    "acl.destroy_data_buffer",
+                    lambda t=tensor: acl.destroy_data_buffer(t.data_buffer),
+                )
+                tensor.data_buffer = 0
+        for dataset in (self._input_dataset, self._output_dataset):
+            if dataset:
+                attempt("acl.mdl.destroy_dataset", lambda d=dataset: acl.mdl.destroy_dataset(d))
+        self._input_dataset = self._output_dataset = 0
+        for tensor in self._slots + self._outputs:
+            if tensor.device:
+                attempt("acl.rt.free", lambda t=tensor: acl.rt.free(t.device))
+                tensor.device = 0
+            tensor.host, tensor.host_ptr = None, 0
+        if self._model_id is not None:
+            attempt("acl.mdl.unload", lambda: acl.mdl.unload(self._model_id))
+            self._model_id = None
+        if self._desc:
+            attempt("acl.mdl.destroy_desc", lambda: acl.mdl.destroy_desc(self._desc))
+            self._desc = 0
+        if self._stream:
+            attempt("acl.rt.destroy_stream", lambda: acl.rt.destroy_stream(self._stream))
+            self._stream = 0
+        if self._context:
+            attempt("acl.rt.destroy_context", lambda: acl.rt.destroy_context(self._context))
+            self._context = 0
+        if self._device_set:
+            attempt("acl.rt.reset_device", lambda: acl.rt.reset_device(self.device_id))
+            self._device_set = False
+        if self._joined:
+            self._joined = False
+            try:
+                _ProcessAcl.release(acl)
+            except DeviceError as error:
+                errors.append(error)
+        for error in errors:
+            log.warning("releasing %s: %s", self.path, error)
+        if errors and raise_errors:
+            raise errors[0]
+
+    # ---- return conventions --------------------------------------------------------------
+
+    def _call(self, call: str, ret: int) -> None:
+        _check(self._acl, call, ret)
+
+    def _value(self, call: str, result: tuple[Any, int]) -> Any:
+        value, ret = result
+        _check(self._acl, call, ret)
+        return value
+
+    def _handle(self, call: str, handle: int) -> int:
+        if not handle:
+            raise DeviceError(
+                call, _NULL_HANDLE, _recent_error(self._acl) or "returned a null handle"
+            )
+        return handle

@@ -1,0 +1,821 @@
+"""FAKE pyACL, FOR TESTS ONLY. This is not Huawei's `acl` module and drives no device.
+
+It stands in for the `acl` Python module of the CANN toolkit so that code written against the
+real pyACL API can be tested on any machine: pass this module as `AclRuntime(..., acl=...)`,
+or put `tests/fake_acl` on PYTHONPATH so that `import acl` finds it (it never claims to be
+real: `FAKE is True`, and every helper meant for tests starts with `fake_`).
+
+What it mimics of the real API (the shapes the CANN samples rely on):
+  * calls that produce something return `(value, ret)`; calls that act return a bare `ret`;
+    `acl.mdl.create_desc`, `acl.mdl.create_dataset` and `acl.create_data_buffer` return a
+    bare handle (0 on failure); description queries return bare values;
+  * return codes are the real ones (acl_base.h, rt_error_codes.h, ge_error_codes.h);
+  * call order: nothing before `acl.init`, a context before device work, contexts bound to
+    threads (`acl.rt.set_context`), a model runs only under the context that loaded it;
+  * `acl.util.numpy_to_ptr` warns that it will be deprecated; `acl.util.bytes_to_ptr`
+    accepts only `bytes`.
+
+What it adds for tests:
+  * `fake_calls()`: every call in order, with its arguments and what it returned;
+  * allocation tracking (`fake_mallocs()`, `fake_device_memory()`, `fake_leaks()`);
+  * error injection (`fake_inject(name, ret)`): the named call fails with that code;
+  * stricter order checks than the real runtime (destroying a context that still has
+    streams, resetting a device that still has contexts, finalizing with a device set):
+    they return ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED instead of cleaning up implicitly.
+
+A fake `.om` file is a JSON descriptor (see `fake_write_om`): inputs and outputs with names,
+ACL data types and dims, and optional dynamic batch gears. "Executing" it copies input i to
+output i bytewise, for the rows of the gear chosen, so values round-trip. Memory is real
+Python memory: device pointers are fake integer addresses backed by bytearrays, and host
+pointers handed out by numpy_to_ptr/bytes_to_ptr map fake addresses to the array's own
+memory, so acl.rt.memcpy really moves data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import types
+import warnings
+from collections import Counter, namedtuple
+from pathlib import Path
+
+import numpy as np
+
+FAKE = True
+
+# ---- constants of the real API -------------------------------------------------------------
+
+ACL_SUCCESS = ACL_ERROR_NONE = 0
+ACL_ERROR_INVALID_PARAM = 100000
+ACL_ERROR_UNINITIALIZE = 100001
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_INVALID_MODEL_ID = 100011
+ACL_ERROR_PARSE_MODEL = 100013
+ACL_ERROR_REPEAT_FINALIZE = 100037
+ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED = 148051
+ACL_ERROR_BAD_ALLOC = 200000
+ACL_ERROR_INTERNAL_ERROR = 500000
+ACL_ERROR_RT_PARAM_INVALID = 107000
+ACL_ERROR_RT_INVALID_DEVICEID = 107001
+ACL_ERROR_RT_CONTEXT_NULL = 107002
+ACL_ERROR_RT_MODEL_CONTEXT = 107004
+ACL_ERROR_GE_PARAM_INVALID = 145000
+ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = 145002
+ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID = 145006
+ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID = 145007
+ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID = 145013
+
+ACL_MEM_MALLOC_HUGE_FIRST, ACL_MEM_MALLOC_HUGE_ONLY, ACL_MEM_MALLOC_NORMAL_ONLY = 0, 1, 2
+ACL_MEMCPY_HOST_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE = 0, 1
+ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_DEVICE_TO_DEVICE = 2, 3
+
+ACL_FLOAT, ACL_FLOAT16, ACL_INT8, ACL_INT32, ACL_UINT8 = 0, 1, 2, 3, 4
+ACL_INT16, ACL_UINT16, ACL_UINT32, ACL_INT64, ACL_UINT64 = 6, 7, 8, 9, 10
+ACL_DOUBLE, ACL_BOOL, ACL_STRING = 11, 12, 13
+
+#: Item size of each aclDataType the fake models can declare (ACL_STRING is refused).
+ITEM_SIZES = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1}
+
+DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"
+_GEAR_INPUT_SIZE = 8  # the fake stores the gear there as one uint64
+
+Call = namedtuple("Call", "name args result")
+
+
+class _Region:
+    """Memory behind a fake address: device (a bytearray) or host (an array's own memory)."""
+
+    def __init__(self, kind: str, memory: memoryview, owner: object = None):
+        self.kind = kind  # "device" or "host"
+        self.memory = memory
+        self.owner = owner  # keeps a host array alive while its address is handed out
+
+
+class _Model:
+    """A loaded fake .om: tensors as the descriptor declares them, and the context it lives in."""
+
+    def __init__(self, descriptor: dict, context: int):
+        self.context = context
+        self.gears = sorted(descriptor.get("dynamic_batch") or [])
+        self.inputs = [_tensor(t) for t in descriptor["inputs"]]
+        self.outputs = [_tensor(t) for t in descriptor["outputs"]]
+        if self.gears:
+            self.inputs.append({"name": DYNAMIC_BATCH_INPUT, "dtype": ACL_UINT64, "dims": [1]})
+        self.gear_index = len(self.inputs) - 1 if self.gears else None
+        _validate(self)
+
+    def size(self, tensor: dict) -> int:
+        if tensor["name"] == DYNAMIC_BATCH_INPUT:
+            return _GEAR_INPUT_SIZE
+        return int(np.prod(self.dims(tensor))) * ITEM_SIZES[tensor["dtype"]]
+
+    def dims(self, tensor: dict) -> list[int]:
+        """Dims with the largest gear for the batch (what sizes are computed from)."""
+        dims = list(tensor["dims"])
+        if self.gears and tensor["name"] != DYNAMIC_BATCH_INPUT:
+            dims[0] = self.gears[-1]
+        return dims
+
+
+def _tensor(declared: dict) -> dict:
+    return {
+        "name": str(declared["name"]),
+        "dtype": int(declared["dtype"]),
+        "dims": list(declared["dims"]),
+    }
+
+
+def _validate(model: _Model) -> None:
+    """Refuses descriptors the bytewise 'execution' cannot honour."""
+    user_inputs = [t for t in model.inputs if t["name"] != DYNAMIC_BATCH_INPUT]
+    if len(model.outputs) > len(user_inputs):
+        raise ValueError("a fake model needs an input for each output (output i copies input i)")
+    for tensor in user_inputs + model.outputs:
+        if tensor["dtype"] not in ITEM_SIZES:
+            raise ValueError(f"ACL data type {tensor['dtype']} is not one the fake can size")
+        if model.gears and tensor["dims"][:1] != [-1]:
+            raise ValueError("with dynamic_batch, every tensor's first dim must be -1")
+    for source, target in zip(user_inputs, model.outputs):
+        if (source["dtype"], source["dims"]) != (target["dtype"], target["dims"]):
+            raise ValueError(
+                f"output {target['name']} must have the dtype and dims of input {source['name']}"
+            )
+
+
+class _State:
+    """Everything the fake runtime holds; fake_reset() starts over."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.calls: list[Call] = []
+        self.injected: dict[str, list[int]] = {}
+        self.error = threading.local()  # .message, for get_recent_err_msg
+        self.thread = threading.local()  # .context, the thread's current context
+        self.initialized = False
+        self.devices: Counter = Counter()  # device id -> set_device references
+        self.contexts: dict[int, int] = {}  # context -> device id
+        self.streams: dict[int, int] = {}  # stream -> context
+        self.regions: dict[int, _Region] = {}  # base address -> memory
+        self.host_addresses: dict[tuple[int, int], int] = {}  # (real address, size) -> fake
+        self.mallocs: list[tuple[int, int, int]] = (
+            []
+        )  # every acl.rt.malloc: (address, size, policy)
+        self.models: dict[int, _Model] = {}
+        self.descs: dict[int, int | None] = {}  # desc -> model id it describes
+        self.datasets: dict[int, list[int]] = {}  # dataset -> data buffers
+        self.data_buffers: dict[int, tuple[int, int]] = {}  # data buffer -> (address, size)
+        self.handles = itertools.count(0x1000, 0x10)
+        self.model_ids = itertools.count(1)
+        self.next_address = {"device": 0x7F0000000000, "host": 0x550000000000}
+
+    def address(self, kind: str, size: int) -> int:
+        """A fresh fake address, with a gap after each region so overruns hit nothing."""
+        address = self.next_address[kind]
+        self.next_address[kind] = (address + size + 0x1FFF) // 0x1000 * 0x1000
+        return address
+
+
+_state = _State()
+
+
+# ---- test helpers (not part of pyACL) ------------------------------------------------------
+
+
+def fake_reset() -> None:
+    """Forgets every call, handle, allocation and injected error."""
+    global _state
+    _state = _State()
+
+
+def fake_calls() -> list[Call]:
+    return list(_state.calls)
+
+
+def fake_call_names() -> list[str]:
+    return [call.name for call in _state.calls]
+
+
+def fake_inject(
+    name: str, ret: int = ACL_ERROR_INTERNAL_ERROR, times: int = 1, after: int = 0
+) -> None:
+    """The call `name` ('acl.rt.memcpy') fails with `ret` `times` times, after `after` successes.
+
+    A call returning `(value, ret)` then returns `(0, ret)`; one returning a handle returns 0.
+    """
+    with _state.lock:
+        _state.injected[name] = [ACL_SUCCESS] * after + [ret] * times
+
+
+def fake_mallocs() -> list[tuple[int, int, int]]:
+    """Every acl.rt.malloc so far, freed or not: (address, size, policy)."""
+    return list(_state.mallocs)
+
+
+def fake_device_memory() -> dict[int, int]:
+    """Live device allocations: address -> size."""
+    return {a: len(r.memory) for a, r in _state.regions.items() if r.kind == "device"}
+
+
+def fake_read(address: int, size: int) -> bytes:
+    """The bytes at a fake address (device or host), for assertions."""
+    region, offset = _resolve(address, size)
+    if region is None:
+        raise ValueError(f"no fake memory at {address:#x}")
+    return bytes(region.memory[offset : offset + size])
+
+
+def fake_leaks() -> dict[str, object]:
+    """Whatever is still held; {} when everything acquired was released."""
+    s = _state
+    leaks = {
+        "device_memory": fake_device_memory(),
+        "data_buffers": sorted(s.data_buffers),
+        "datasets": sorted(s.datasets),
+        "descs": sorted(s.descs),
+        "models": sorted(s.models),
+        "streams": sorted(s.streams),
+        "contexts": sorted(s.contexts),
+        "devices": {d: n for d, n in s.devices.items() if n},
+        "initialized": s.initialized,
+    }
+    return {k: v for k, v in leaks.items() if v}
+
+
+def fake_write_om(path, inputs, outputs=None, dynamic_batch=None) -> Path:
+    """Writes a fake .om descriptor; tensors are (name, acl_dtype, dims) or dicts.
+
+    `outputs` defaults to one output per input, "<input>_out", with its dtype and dims.
+    """
+    inputs = [_as_dict(t) for t in inputs]
+    if outputs is None:
+        outputs = [{**t, "name": f"{t['name']}_out"} for t in inputs]
+    descriptor = {
+        "fake_acl_om": 1,
+        "inputs": inputs,
+        "outputs": [_as_dict(t) for t in outputs],
+        "dynamic_batch": list(dynamic_batch or []),
+    }
+    path = Path(path)
+    path.write_text(json.dumps(descriptor, indent=2))
+    return path
+
+
+def _as_dict(tensor) -> dict:
+    if isinstance(tensor, dict):
+        return dict(tensor)
+    name, dtype, dims = tensor
+    return {"name": name, "dtype": dtype, "dims": list(dims)}
+
+
+# ---- machinery -------------------------------------------------------------------------------
+
+
+class _Fail(Exception):
+    """Raised inside a fake call to return an error code (with a message for get_recent_err_msg)."""
+
+    def __init__(self, ret: int, message: str):
+        super().__init__(message)
+        self.ret = ret
+
+
+def _api(name: str, shape: str):
+    """Records the call; turns _Fail and injected errors into the real return convention.
+
+    shape: "ret" (bare ret), "pair" ((value, ret)), "handle" (bare handle, 0 on failure),
+    "value" (a bare query result; never fails).
+    """
+
+    def wrap(function):
+        def call(*args):
+            with _state.lock:
+                result = _invoke(name, shape, function, args)
+                _state.calls.append(Call(name, args, result))
+                return result
+
+        call.__name__ = function.__name__
+        call.__qualname__ = name
+        call.__doc__ = f"FAKE {name} (tests only). {function.__doc__ or ''}"
+        return call
+
+    return wrap
+
+
+def _invoke(name: str, shape: str, function, args):
+    queue = _state.injected.get(name)
+    if queue:
+        ret = queue.pop(0)
+        if ret != ACL_SUCCESS:
+            _state.error.message = f"fake: injected failure of {name}"
+            return {"ret": ret, "pair": (0, ret), "handle": 0, "value": 0}[shape]
+    try:
+        value = function(*args)
+    except _Fail as failure:
+        _state.error.message = f"fake {name}: {failure}"
+        return {"ret": failure.ret, "pair": (0, failure.ret), "handle": 0, "value": 0}[shape]
+    if shape == "ret":
+        return ACL_SUCCESS
+    if shape == "pair":
+        return value, ACL_SUCCESS
+    return value
+
+
+def _require_init() -> None:
+    if not _state.initialized:
+        raise _Fail(ACL_ERROR_UNINITIALIZE, "acl.init has not been called")
+
+
+def _require_context() -> int:
+    _require_init()
+    context = getattr(_state.thread, "context", 0)
+    if not context:
+        raise _Fail(ACL_ERROR_RT_CONTEXT_NULL, "this thread has no current context")
+    return context
+
+
+def _new_handle() -> int:
+    return next(_state.handles)
+
+
+def _resolve(address: int, count: int) -> tuple[_Region | None, int]:
+    """The region holding [address, address + count), and the offset in it."""
+    for base, region in _state.regions.items():
+        if base <= address and address + count <= base + len(region.memory):
+            return region, address - base
+    return None, 0
+
+
+def _model(model_id: int) -> _Model:
+    if model_id not in _state.models:
+        raise _Fail(ACL_ERROR_INVALID_MODEL_ID, f"no model {model_id} is loaded")
+    return _state.models[model_id]
+
+
+def _described(desc: int) -> _Model:
+    model_id = _state.descs.get(desc)
+    if model_id is None or model_id not in _state.models:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"desc {desc:#x} describes no loaded model")
+    return _state.models[model_id]
+
+
+# ---- acl ---------------------------------------------------------------------------------------
+
+
+@_api("acl.init", "ret")
+def init(config_path: str | None = None):
+    if _state.initialized:
+        raise _Fail(ACL_ERROR_REPEAT_INITIALIZE, "acl.init was already called")
+    _state.initialized = True
+
+
+@_api("acl.finalize", "ret")
+def finalize():
+    if not _state.initialized:
+        raise _Fail(ACL_ERROR_REPEAT_FINALIZE, "acl is not initialised")
+    if any(_state.devices.values()):
+        raise _Fail(
+            ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED, "devices are still set (fake: stricter)"
+        )
+    _state.initialized = False
+
+
+def get_recent_err_msg() -> str:
+    """FAKE acl.get_recent_err_msg (tests only): the last failure in this thread, then clears it.
+
+    Not recorded in fake_calls(): it is diagnostics, and runtimes call it only after a failure.
+    """
+    message = getattr(_state.error, "message", "")
+    _state.error.message = ""
+    return message
+
+
+@_api("acl.create_data_buffer", "handle")
+def create_data_buffer(data: int, size: int):
+    handle = _new_handle()
+    _state.data_buffers[handle] = (data, size)
+    return handle
+
+
+@_api("acl.destroy_data_buffer", "ret")
+def destroy_data_buffer(data_buffer: int):
+    if _state.data_buffers.pop(data_buffer, None) is None:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"no data buffer {data_buffer:#x}")
+
+
+@_api("acl.get_data_buffer_addr", "value")
+def get_data_buffer_addr(data_buffer: int):
+    return _state.data_buffers.get(data_buffer, (0, 0))[0]
+
+
+@_api("acl.get_data_buffer_size_v2", "value")
+def get_data_buffer_size_v2(data_buffer: int):
+    return _state.data_buffers.get(data_buffer, (0, 0))[1]
+
+
+get_data_buffer_size = get_data_buffer_size_v2
+
+
+# ---- acl.rt ------------------------------------------------------------------------------------
+
+rt = types.ModuleType("acl.rt", "FAKE acl.rt (tests only)")
+
+
+@_api("acl.rt.set_device", "ret")
+def _set_device(device_id: int):
+    _require_init()
+    if not isinstance(device_id, int) or device_id < 0:
+        raise _Fail(ACL_ERROR_RT_INVALID_DEVICEID, f"invalid device {device_id!r}")
+    _state.devices[device_id] += 1
+
+
+@_api("acl.rt.reset_device", "ret")
+def _reset_device(device_id: int):
+    _require_init()
+    if not _state.devices[device_id]:
+        raise _Fail(ACL_ERROR_RT_INVALID_DEVICEID, f"device {device_id} is not set")
+    if _state.devices[device_id] == 1 and device_id in _state.contexts.values():
+        raise _Fail(
+            ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED,
+            "contexts remain on the device (fake: stricter)",
+        )
+    _state.devices[device_id] -= 1
+
+
+@_api("acl.rt.create_context", "pair")
+def _create_context(device_id: int):
+    _require_init()
+    if not _state.devices[device_id]:
+        raise _Fail(ACL_ERROR_RT_INVALID_DEVICEID, f"device {device_id} is not set")
+    context = _new_handle()
+    _state.contexts[context] = device_id
+    _state.thread.context = context  # a new context becomes the creating thread's
+    return context
+
+
+@_api("acl.rt.set_context", "ret")
+def _set_context(context: int):
+    _require_init()
+    if context not in _state.contexts:
+        raise _Fail(ACL_ERROR_RT_CONTEXT_NULL, f"no context {context!r}")
+    _state.thread.context = context
+
+
+@_api("acl.rt.destroy_context", "ret")
+def _destroy_context(context: int):
+    _require_init()
+    if context not in _state.contexts:
+        raise _Fail(ACL_ERROR_RT_CONTEXT_NULL, f"no context {context!r}")
+    if context in _state.streams.values():
+        raise _Fail(
+            ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED,
+            "streams remain in the context (fake: stricter)",
+        )
+    del _state.contexts[context]
+    if getattr(_state.thread, "context", 0) == context:
+        _state.thread.context = 0  # destroying the current context unbinds the thread
+
+
+@_api("acl.rt.create_stream", "pair")
+def _create_stream():
+    stream = _new_handle()
+    _state.streams[stream] = _require_context()
+    return stream
+
+
+@_api("acl.rt.destroy_stream", "ret")
+def _destroy_stream(stream: int):
+    _require_context()
+    if _state.streams.pop(stream, None) is None:
+        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"no stream {stream!r}")
+
+
+@_api("acl.rt.malloc", "pair")
+def _malloc(size: int, policy: int):
+    _require_context()
+    if size <= 0 or policy not in (0, 1, 2):
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"malloc({size}, {policy})")
+    address = _state.address("device", size)
+    _state.regions[address] = _Region("device", memoryview(bytearray(size)))
+    _state.mallocs.append((address, size, policy))
+    return address
+
+
+@_api("acl.rt.free", "ret")
+def _free(address: int):
+    _require_context()
+    region = _state.regions.get(address)
+    if region is None or region.kind != "device":
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{address!r} is not a device allocation")
+    del _state.regions[address]
+
+
+@_api("acl.rt.memcpy", "ret")
+def _memcpy(dst: int, dest_max: int, src: int, count: int, kind: int):
+    _require_context()
+    if count > dest_max:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"count {count} > dest_max {dest_max}")
+    target, at = _resolve(dst, dest_max)
+    source, frm = _resolve(src, count)
+    if target is None or source is None:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, "an address range is outside any allocation")
+    expected = {
+        0: ("host", "host"),
+        1: ("host", "device"),
+        2: ("device", "host"),
+        3: ("device", "device"),
+    }
+    if expected.get(kind) != (source.kind, target.kind):
+        raise _Fail(
+            ACL_ERROR_INVALID_PARAM, f"kind {kind} does not copy {source.kind} to {target.kind}"
+        )
+    if target.memory.readonly:
+        raise _Fail(
+            ACL_ERROR_INVALID_PARAM, "the fake will not write into an immutable bytes object"
+        )
+    target.memory[at : at + count] = source.memory[frm : frm + count]
+
+
+rt.set_device = _set_device
+rt.reset_device = _reset_device
+rt.create_context = _create_context
+rt.set_context = _set_context
+rt.destroy_context = _destroy_context
+rt.create_stream = _create_stream
+rt.destroy_stream = _destroy_stream
+rt.malloc = _malloc
+rt.free = _free
+rt.memcpy = _memcpy
+
+
+# ---- acl.util ----------------------------------------------------------------------------------
+
+util = types.ModuleType("acl.util", "FAKE acl.util (tests only)")
+
+
+def _host_address(owner: object, memory: memoryview) -> int:
+    """A stable fake address for host memory (same memory, same address, as with pointers)."""
+    real = np.frombuffer(memory, dtype=np.uint8).ctypes.data if len(memory) else id(owner)
+    key = (real, len(memory))
+    if key not in _state.host_addresses:
+        address = _state.address("host", len(memory))
+        _state.host_addresses[key] = address
+        _state.regions[address] = _Region("host", memory, owner)
+    return _state.host_addresses[key]
+
+
+@_api("acl.util.numpy_to_ptr", "value")
+def _numpy_to_ptr(array):
+    warnings.warn(
+        "acl.util.numpy_to_ptr will be deprecated. Please use acl.util.bytes_to_ptr instead.",
+        Warning,
+        stacklevel=3,
+    )
+    if not isinstance(array, np.ndarray):
+        raise ValueError("needs an ndarray as argument")
+    if not array.flags.c_contiguous:
+        raise ValueError("fake acl: a non-contiguous ndarray has no single pointer")
+    return _host_address(array, memoryview(array.reshape(-1).view(np.uint8)))
+
+
+@_api("acl.util.bytes_to_ptr", "value")
+def _bytes_to_ptr(data):
+    if not isinstance(data, bytes):  # the real one checks PyBytes_Check too
+        raise ValueError("needs an byte as argument")
+    return _host_address(data, memoryview(data))
+
+
+@_api("acl.util.ptr_to_bytes", "value")
+def _ptr_to_bytes(address: int, size: int):
+    return fake_read(address, size)
+
+
+util.numpy_to_ptr = _numpy_to_ptr
+util.bytes_to_ptr = _bytes_to_ptr
+util.ptr_to_bytes = _ptr_to_bytes
+
+
+# ---- acl.mdl -----------------------------------------------------------------------------------
+
+mdl = types.ModuleType("acl.mdl", "FAKE acl.mdl (tests only)")
+
+
+@_api("acl.mdl.load_from_file", "pair")
+def _load_from_file(path: str):
+    context = _require_context()
+    try:
+        descriptor = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise _Fail(ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, str(error)) from None
+    except ValueError as error:
+        raise _Fail(ACL_ERROR_PARSE_MODEL, f"not a fake om descriptor: {error}") from None
+    try:
+        model = _Model(descriptor, context)
+    except (KeyError, TypeError, ValueError) as error:
+        raise _Fail(ACL_ERROR_PARSE_MODEL, f"bad fake om descriptor: {error!r}") from None
+    model_id = next(_state.model_ids)
+    _state.models[model_id] = model
+    return model_id
+
+
+@_api("acl.mdl.unload", "ret")
+def _unload(model_id: int):
+    _require_context()
+    _model(model_id)
+    del _state.models[model_id]
+
+
+@_api("acl.mdl.create_desc", "handle")
+def _create_desc():
+    desc = _new_handle()
+    _state.descs[desc] = None
+    return desc
+
+
+@_api("acl.mdl.get_desc", "ret")
+def _get_desc(desc: int, model_id: int):
+    _require_init()
+    _model(model_id)
+    if desc not in _state.descs:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"no desc {desc!r}")
+    _state.descs[desc] = model_id
+
+
+@_api("acl.mdl.destroy_desc", "ret")
+def _destroy_desc(desc: int):
+    if desc not in _state.descs:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"no desc {desc!r}")
+    del _state.descs[desc]
+
+
+def _query(name: str, pick):
+    """A description query returning a bare value; 0 (like the C API) for a bad desc/index."""
+
+    def query(desc: int, index: int):
+        try:
+            return pick(_described(desc), index)
+        except (_Fail, IndexError):
+            return 0
+
+    return _api(name, "value")(query)
+
+
+def _dims(which: str):
+    def dims(desc: int, index: int):
+        model = _described(desc)
+        tensors = model.inputs if which == "input" else model.outputs
+        if not 0 <= index < len(tensors):
+            raise _Fail(ACL_ERROR_INVALID_PARAM, f"no {which} {index}")
+        tensor = tensors[index]
+        # Real pyACL: input dims keep -1 for a dynamic batch; output dims give the largest gear.
+        reported = list(tensor["dims"]) if which == "input" else model.dims(tensor)
+        return {"name": tensor["name"], "dimCount": len(reported), "dims": reported}
+
+    return _api(f"acl.mdl.get_{which}_dims", "pair")(dims)
+
+
+mdl.get_num_inputs = _api("acl.mdl.get_num_inputs", "value")(
+    lambda desc: len(_described(desc).inputs) if _state.descs.get(desc) in _state.models else 0
+)
+mdl.get_num_outputs = _api("acl.mdl.get_num_outputs", "value")(
+    lambda desc: len(_described(desc).outputs) if _state.descs.get(desc) in _state.models else 0
+)
+mdl.get_input_size_by_index = _query(
+    "acl.mdl.get_input_size_by_index", lambda m, i: m.size(m.inputs[i])
+)
+mdl.get_output_size_by_index = _query(
+    "acl.mdl.get_output_size_by_index", lambda m, i: m.size(m.outputs[i])
+)
+mdl.get_input_name_by_index = _query(
+    "acl.mdl.get_input_name_by_index", lambda m, i: m.inputs[i]["name"]
+)
+mdl.get_output_name_by_index = _query(
+    "acl.mdl.get_output_name_by_index", lambda m, i: m.outputs[i]["name"]
+)
+mdl.get_input_data_type = _query("acl.mdl.get_input_data_type", lambda m, i: m.inputs[i]["dtype"])
+mdl.get_output_data_type = _query(
+    "acl.mdl.get_output_data_type", lambda m, i: m.outputs[i]["dtype"]
+)
+mdl.get_input_dims = _dims("input")
+mdl.get_output_dims = _dims("output")
+
+
+@_api("acl.mdl.get_input_index_by_name", "pair")
+def _get_input_index_by_name(desc: int, name: str):
+    for index, tensor in enumerate(_described(desc).inputs):
+        if tensor["name"] == name:
+            return index
+    raise _Fail(ACL_ERROR_INVALID_PARAM, f"no input named {name!r}")
+
+
+@_api("acl.mdl.get_dynamic_batch", "pair")
+def _get_dynamic_batch(desc: int):
+    gears = _described(desc).gears
+    return {"batchCount": len(gears), "batch": list(gears)}
+
+
+@_api("acl.mdl.create_dataset", "handle")
+def _create_dataset():
+    dataset = _new_handle()
+    _state.datasets[dataset] = []
+    return dataset
+
+
+@_api("acl.mdl.add_dataset_buffer", "pair")
+def _add_dataset_buffer(dataset: int, data_buffer: int):
+    if dataset not in _state.datasets or data_buffer not in _state.data_buffers:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, "unknown dataset or data buffer")
+    _state.datasets[dataset].append(data_buffer)
+    return dataset
+
+
+@_api("acl.mdl.get_dataset_num_buffers", "value")
+def _get_dataset_num_buffers(dataset: int):
+    return len(_state.datasets.get(dataset, ()))
+
+
+@_api("acl.mdl.get_dataset_buffer", "value")
+def _get_dataset_buffer(dataset: int, index: int):
+    buffers = _state.datasets.get(dataset, ())
+    return buffers[index] if 0 <= index < len(buffers) else 0
+
+
+@_api("acl.mdl.destroy_dataset", "ret")
+def _destroy_dataset(dataset: int):
+    # Like the real one, this leaves the data buffers to acl.destroy_data_buffer.
+    if _state.datasets.pop(dataset, None) is None:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"no dataset {dataset!r}")
+
+
+def _buffer_memory(model: _Model, dataset: int, tensors: list[dict]) -> list[memoryview]:
+    """The device memory behind each buffer of a dataset, checked against the model."""
+    buffers = _state.datasets.get(dataset)
+    if buffers is None or len(buffers) != len(tensors):
+        raise _Fail(
+            ACL_ERROR_GE_PARAM_INVALID,
+            f"dataset has {len(buffers or [])} buffers, model {len(tensors)}",
+        )
+    views = []
+    for data_buffer, tensor in zip(buffers, tensors):
+        address, size = _state.data_buffers[data_buffer]
+        if size < model.size(tensor):
+            raise _Fail(
+                ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID, f"{tensor['name']}: {size} bytes"
+            )
+        region, offset = _resolve(address, size)
+        if region is None or region.kind != "device":
+            raise _Fail(
+                ACL_ERROR_GE_EXEC_MODEL_ADDR_INVALID, f"{tensor['name']}: not device memory"
+            )
+        views.append(region.memory[offset : offset + size])
+    return views
+
+
+@_api("acl.mdl.set_dynamic_batch_size", "ret")
+def _set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch_size: int):
+    _require_context()
+    model = _model(model_id)
+    if index != model.gear_index:
+        raise _Fail(ACL_ERROR_GE_PARAM_INVALID, f"input {index} is not {DYNAMIC_BATCH_INPUT}")
+    if batch_size not in model.gears:
+        raise _Fail(
+            ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"{batch_size} is not one of {model.gears}"
+        )
+    # Like GE, write the gear into the model's gear input, where execute reads it.
+    views = _buffer_memory(model, dataset, model.inputs)
+    views[index][:_GEAR_INPUT_SIZE] = np.uint64(batch_size).tobytes()
+
+
+@_api("acl.mdl.execute", "ret")
+def _execute(model_id: int, input_dataset: int, output_dataset: int):
+    model = _model(model_id)
+    if _require_context() != model.context:
+        raise _Fail(ACL_ERROR_RT_MODEL_CONTEXT, "the model was loaded under another context")
+    sources = _buffer_memory(model, input_dataset, model.inputs)
+    targets = _buffer_memory(model, output_dataset, model.outputs)
+    rows = None
+    if model.gears:
+        rows = int(np.frombuffer(sources[model.gear_index][:_GEAR_INPUT_SIZE], dtype=np.uint64)[0])
+        if rows not in model.gears:
+            raise _Fail(ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"gear input holds {rows}")
+    for source, target, tensor in zip(sources, targets, model.outputs):
+        count = model.size(tensor)
+        if rows is not None:
+            count = count // model.gears[-1] * rows  # only the rows of the gear run
+        target[:count] = source[:count]
+
+
+mdl.load_from_file = _load_from_file
+mdl.unload = _unload
+mdl.create_desc = _create_desc
+mdl.get_desc = _get_desc
+mdl.destroy_desc = _destroy_desc
+mdl.get_input_index_by_name = _get_input_index_by_name
+mdl.get_dynamic_batch = _get_dynamic_batch
+mdl.create_dataset = _create_dataset
+mdl.add_dataset_buffer = _add_dataset_buffer
+mdl.get_dataset_num_buffers = _get_dataset_num_buffers
+mdl.get_dataset_buffer = _get_dataset_buffer
+mdl.destroy_dataset = _destroy_dataset
+mdl.set_dynamic_batch_size = _set_dynamic_batch_size
+mdl.execute = _execute
