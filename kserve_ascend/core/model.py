@@ -208,7 +208,7 @@ class Model:
 
         Never raises for a broken model: the reason is recorded and the model stays UNAVAILABLE.
         """
-        self.state, self.reason = State.LOADING, ""
+        self.state, self.reason = State.LOADING, "loading"
         loaded: dict[int, ModelVersion] = {}
         try:
             config = cfg.read_config(self.model_dir)
@@ -225,7 +225,7 @@ class Model:
             return False
         self.versions = loaded
         self.config = loaded[max(loaded)].config  # completed from the file where config.pbtxt was silent
-        self.state = State.READY
+        self.state, self.reason = State.READY, ""
         log.info("model '%s' is READY with versions %s", self.name, sorted(loaded))
         return True
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import kserve
+from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
+from ..core.datatypes import from_numpy
 from ..core.model import Model
 
 
@@ -36,11 +38,14 @@ class AscendModel(kserve.Model):
         headers: Optional[Dict[str, str]] = None,
         response_headers: Optional[Dict[str, str]] = None,
     ) -> InferResponse:
+        if not isinstance(payload, InferRequest):
+            # KServe's V1 routes hand over the raw body; this model speaks OIP v2 only.
+            raise InvalidInput(f"model '{self.name}' takes Open Inference Protocol v2 requests: POST /v2/models/{self.name}/infer")
         served = self.model.version(payload.model_version)
         outputs = await served.infer({i.name: i.as_numpy() for i in payload.inputs})
         infer_outputs = []
         for name, array in outputs.items():
-            output = InferOutput(name=name, shape=list(array.shape), datatype="")
+            output = InferOutput(name=name, shape=list(array.shape), datatype=from_numpy(array.dtype))
             output.set_data_from_numpy(array)
             infer_outputs.append(output)
         return InferResponse(
