@@ -8,7 +8,7 @@ MODEL_DIR ?= model_repository
 HTTP_PORT ?= 8080
 GRPC_PORT ?= 8081
 
-.PHONY: serve test models clean
+.PHONY: serve test triton models clean
 
 # Idempotent: reinstalls only when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -22,6 +22,10 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Real Triton (from the nvidia-pytriton wheel) with the `ascend` backend on :8000/:8001/:8002.
+triton: $(STAMP)
+	$(BIN)/python tools/run_triton.py --model-repository $(MODEL_DIR)
 
 # Regenerates the committed model files from seeded weights.
 models: $(STAMP)

@@ -61,23 +61,30 @@ def start_server(model_dir: Path, log: Path, *extra: str, env: dict | None = Non
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
     server = Server(process, http_port, grpc_port, log)
-    deadline = time.monotonic() + 60
+
+    def loaded() -> bool:
+        if wait_ready:
+            return requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200
+        index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
+        return all(entry["state"] != "LOADING" for entry in index)
+
+    return wait_until(server, loaded, timeout=60)
+
+
+def wait_until(server: "Server", condition, timeout: float) -> "Server":
+    """Polls `condition` until it holds; stops the server and raises if it exits or times out."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.output()}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.process.args[1]} exited with {server.process.returncode}:\n{server.output()[-5000:]}")
         try:
-            if wait_ready:
-                if requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
-                    return server
-            else:
-                index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
-                if all(entry["state"] != "LOADING" for entry in index) and requests.get(f"{server.url}/v2/health/live").ok:
-                    return server
+            if condition():
+                return server
         except requests.ConnectionError:
             pass
         time.sleep(0.2)
     stop_server(server)
-    raise RuntimeError(f"server did not become ready:\n{server.output()}")
+    raise RuntimeError(f"{server.process.args[1]} did not become ready:\n{server.output()[-5000:]}")
 
 
 def stop_server(server: Server) -> None:
@@ -105,3 +112,34 @@ def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path
         config = target / "config.pbtxt"
         config.write_text(config.read_text().replace(f'name: "{name}"', f'name: "{new_name}"'))
     return target
+
+
+@dataclass
+class Triton(Server):
+    metrics_port: int = 0
+
+
+def start_triton(model_dir: Path, workdir: Path, *extra: str, wait_ready: bool = True) -> Triton:
+    """Starts real Triton (tools/run_triton.py) with the `ascend` backend on free ports."""
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log = workdir / "triton.log"
+    command = [
+        sys.executable, str(ROOT / "tools" / "run_triton.py"),
+        "--model-repository", str(model_dir),
+        "--backend-directory", str(workdir / "backends"),
+        "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+        "--", *extra,
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    triton = Triton(process, http_port, grpc_port, log, metrics_port)
+    path = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    return wait_until(triton, lambda: requests.get(triton.url + path, timeout=1).status_code == 200, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory) -> Triton:
+    """Real Triton 2.51 on the project's own model_repository/."""
+    srv = start_triton(REPOSITORY, tmp_path_factory.mktemp("triton"))
+    yield srv
+    stop_server(srv)

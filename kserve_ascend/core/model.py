@@ -56,7 +56,7 @@ def complete_config(config: mc.ModelConfig, runtime: Runtime) -> None:
             declare(config.output, spec)
 
 
-def _check_against_file(signature: Signature, runtime: Runtime) -> None:
+def check_against_file(signature: Signature, runtime: Runtime) -> None:
     """Refuses a config whose tensors the model file does not have."""
     batch = (-1,) if signature.batching else ()
     for declared, actual in ((signature.inputs, runtime.inputs), (signature.outputs, runtime.outputs)):
@@ -77,11 +77,14 @@ def _check_against_file(signature: Signature, runtime: Runtime) -> None:
 
 
 class Instance:
-    """One runtime on one device, with the thread that owns it."""
+    """One runtime on one device, running whole batches: the part both servers share.
+
+    Not thread-safe: one thread at a time calls it (the KServe server gives each instance
+    a thread of its own; Triton calls `execute` of one model instance at a time).
+    """
 
     def __init__(self, runtime: Runtime, signature: Signature):
         self.runtime = runtime
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"{runtime.config.name}-dev{runtime.device_id}")
         self._output_names = list(signature.outputs)
         self._reshape_in = {d.name: d.reshape for d in signature.inputs.values() if d.reshape is not None}
         self._reshape_out = {d.name: d.dims for d in signature.outputs.values() if d.reshape is not None}
@@ -115,10 +118,6 @@ class Instance:
     def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
         return next(iter(inputs.values())).shape[0] if self._batching else 1
 
-    def close(self) -> None:
-        self.executor.submit(self.runtime.close).result()
-        self.executor.shutdown()
-
 
 class ModelVersion:
     """One loaded version of a model: its instances fed by one batch queue."""
@@ -130,11 +129,13 @@ class ModelVersion:
         self.config = config
         self.signature = Signature(config)
         self.instances = instances
+        # One thread per instance: device contexts (ACL's) are bound to the thread that uses them.
+        self.threads = [ThreadPoolExecutor(1, thread_name_prefix=f"{name}-v{version}-dev{i.runtime.device_id}") for i in instances]
         dynamic = config.dynamic_batching if config.HasField("dynamic_batching") else None
         self.stats = VersionStats()
         self.scheduler = Scheduler(
             [i.run_batch for i in instances],
-            [i.executor for i in instances],
+            self.threads,
             BatchQueue(config.max_batch_size, dynamic),
             self.stats,
         )
@@ -149,7 +150,7 @@ class ModelVersion:
                 runtimes.append(load_runtime(config, path, device_id))
             complete_config(config, runtimes[0])
             signature = Signature(config)
-            _check_against_file(signature, runtimes[0])
+            check_against_file(signature, runtimes[0])
         except BaseException:
             for runtime in runtimes:
                 runtime.close()
@@ -184,8 +185,9 @@ class ModelVersion:
     def close(self) -> None:
         """Fails queued requests, waits for running batches, then releases every device."""
         self.scheduler.close(ModelNotReady(f"model '{self.name}' version {self.version} was unloaded"))
-        for instance in self.instances:
-            instance.close()
+        for instance, thread in zip(self.instances, self.threads):
+            thread.submit(instance.runtime.close).result()  # after the batch it may be running
+            thread.shutdown()
 
 
 class Model:

@@ -1,0 +1,92 @@
+"""Runs real Triton Inference Server (the one the nvidia-pytriton wheel bundles) with the `ascend` backend.
+
+    python tools/run_triton.py [--model-repository model_repository] [--http-port 8000]
+                               [--grpc-port 8001] [--metrics-port 8002] [-- TRITON_ARGS...]
+
+Assembles a backend directory from the wheel's python backend (libtriton_python.so, the
+stub for this Python, triton_python_backend_utils.py) and `triton_backend/ascend`, then
+execs `tritonserver` with the library path and PATH the stub needs. Triton itself is
+used as shipped: it is the reference implementation of the protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKEND = ROOT / "triton_backend" / "ascend"
+
+
+def pytriton_paths() -> tuple[Path, Path]:
+    """(pytriton/tritonserver, nvidia_pytriton.libs) of the installed wheel."""
+    import pytriton
+
+    package = Path(pytriton.__file__).resolve().parent
+    return package / "tritonserver", package.parent / "nvidia_pytriton.libs"
+
+
+def assemble_backends(target: Path) -> Path:
+    """`<target>/python` from the wheel and `<target>/ascend` from triton_backend/ascend.
+
+    Copies, not symlinks: Triton refuses a backend library whose real path escapes the
+    backend directory. Copied afresh on every start, so edits to model.py take effect.
+    """
+    server, _ = pytriton_paths()
+    python, ascend = target / "python", target / "ascend"
+    python.mkdir(parents=True, exist_ok=True)
+    ascend.mkdir(parents=True, exist_ok=True)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    files = {
+        python / "libtriton_python.so": server / "backends/python/libtriton_python.so",
+        # Without the utils module beside the library every model fails with "No module named 'model'".
+        python / "triton_python_backend_utils.py": server / "backends/python/triton_python_backend_utils.py",
+        python / "triton_python_backend_stub": server / f"python_backend_stubs/{version}/triton_python_backend_stub",
+        ascend / "model.py": BACKEND / "model.py",
+    }
+    for copy, source in files.items():
+        copy.unlink(missing_ok=True)
+        shutil.copy2(source, copy)
+    return target
+
+
+def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    server, libs = pytriton_paths()
+    backends = assemble_backends(Path(args.backend_directory).resolve())
+    argv = [
+        str(server / "bin" / "tritonserver"),
+        f"--model-repository={Path(args.model_repository).resolve()}",
+        f"--backend-directory={backends}",
+        f"--http-port={args.http_port}",
+        f"--grpc-port={args.grpc_port}",
+        f"--metrics-port={args.metrics_port}",
+        *args.triton_args,
+    ]
+    env = dict(os.environ)
+    # The stub runs the first Python on PATH (ours, with kserve_ascend installed) and needs libcudart from the wheel.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+    return argv, env
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-repository", default=str(ROOT / "model_repository"))
+    parser.add_argument("--backend-directory", default=str(ROOT / "build" / "triton_backends"))
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("triton_args", nargs="*", help="further tritonserver flags, after --")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    argv, env = command(parse_args())
+    os.execve(argv[0], argv, env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The `ascend` Python-based backend: kserve-ascend's executor core inside Triton.
+
+Triton loads this file for every model whose config.pbtxt says `backend: "ascend"`;
+the model's version directories hold only the model file (model.onnx, model.om,
+model.sim). Triton keeps its own frontends, dynamic batcher and instance groups; this
+file only translates between Triton's requests and the core's `Instance`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from kserve_ascend.core import config as cfg
+from kserve_ascend.core.errors import AscendError, InvalidInput
+from kserve_ascend.core.model import Instance, check_against_file, complete_config
+from kserve_ascend.core.runtimes import load_runtime
+from kserve_ascend.core.signature import Signature
+
+
+def _model_config(config_json: str | dict) -> mc.ModelConfig:
+    config = json.loads(config_json) if isinstance(config_json, str) else config_json
+    return json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+
+
+def _instance_device(config: mc.ModelConfig, args: dict) -> int:
+    """The device of this instance: Triton's for KIND_GPU, else its slot in `device_ids` placement.
+
+    Triton names instances `<group name>_<index in group>`; the global index over the
+    groups picks the same device the KServe server gives that instance.
+    """
+    if args["model_instance_kind"] == "GPU":
+        return int(args["model_instance_device_id"])
+    placement = cfg.device_placement(config)
+    name, before = args["model_instance_name"], 0
+    for group in config.instance_group:
+        prefix = f"{group.name}_"
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return placement[(before + int(name[len(prefix):])) % len(placement)]
+        before += group.count or 1
+    return placement[0]
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        """Fills inputs, outputs and max_batch_size from the model file when config.pbtxt leaves them out.
+
+        Triton hands the config it read (possibly empty); the model file is found in the
+        version directory Triton points the stub at (`pb_utils.get_model_dir()`).
+        """
+        config = _model_config(auto_complete_model_config.as_dict())
+        if config.input and config.output:
+            return auto_complete_model_config
+        model_dir = Path(pb_utils.get_model_dir())
+        version_dir = model_dir if model_dir.name.isdigit() else model_dir / str(cfg.available_versions(model_dir)[-1])
+        runtime = load_runtime(config, cfg.model_file(config, version_dir), device_id=0)
+        try:
+            declared_inputs, declared_outputs = len(config.input), len(config.output)
+            complete_config(config, runtime)
+        finally:
+            runtime.close()
+        auto_complete_model_config.set_max_batch_size(config.max_batch_size)
+        tensors = [(t, auto_complete_model_config.add_input) for t in config.input[declared_inputs:]]
+        tensors += [(t, auto_complete_model_config.add_output) for t in config.output[declared_outputs:]]
+        for tensor, add in tensors:
+            add({"name": tensor.name, "data_type": mc.DataType.Name(tensor.data_type), "dims": list(tensor.dims)})
+        return auto_complete_model_config
+
+    def initialize(self, args: dict) -> None:
+        """Loads the version's file on this instance's device.
+
+        Triton passes `model_config` (JSON), `model_repository` (the model's directory),
+        `model_version`, `model_instance_name`, `model_instance_kind` and `model_instance_device_id`.
+        """
+        config = _model_config(args["model_config"])
+        version_dir = Path(args["model_repository"]) / args["model_version"]
+        device_id = _instance_device(config, args)
+        runtime = load_runtime(config, cfg.model_file(config, version_dir), device_id)
+        pb_utils.Logger.log_info(
+            f"{args['model_instance_name']}: {runtime.path.name} with runtime {runtime.name} on device {device_id}"
+        )
+        self.signature = Signature(config)
+        try:
+            check_against_file(self.signature, runtime)
+        except AscendError:
+            runtime.close()
+            raise
+        self.instance = Instance(runtime, self.signature)
+        self.outputs = list(self.signature.outputs)
+
+    def execute(self, requests: list) -> list:
+        """Runs the requests Triton's batcher gathered as one batch; a bad request fails alone."""
+        responses: list = [None] * len(requests)
+        batch, positions, wanted = [], [], []
+        for position, request in enumerate(requests):
+            try:
+                inputs = {}
+                for name in self.signature.inputs:
+                    tensor = pb_utils.get_input_tensor_by_name(request, name)
+                    if tensor is not None:
+                        inputs[name] = tensor.as_numpy()
+                self.signature.check_inputs(inputs)
+            except InvalidInput as error:
+                responses[position] = _error(error, pb_utils.TritonError.INVALID_ARG)
+                continue
+            batch.append(inputs)
+            positions.append(position)
+            wanted.append(request.requested_output_names() or self.outputs)
+        if batch:
+            try:
+                results = self.instance.run_batch(batch)
+            except AscendError as error:
+                results = None
+                for position in positions:
+                    responses[position] = _error(error, pb_utils.TritonError.INTERNAL)
+            if results is not None:
+                for position, outputs, names in zip(positions, results, wanted):
+                    tensors = [pb_utils.Tensor(n, np.ascontiguousarray(outputs[n])) for n in names]
+                    responses[position] = pb_utils.InferenceResponse(output_tensors=tensors)
+        return responses
+
+    def finalize(self) -> None:
+        """Releases the device."""
+        self.instance.runtime.close()
+
+
+def _error(error: Exception, code) -> "pb_utils.InferenceResponse":
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))
