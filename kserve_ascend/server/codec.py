@@ -74,6 +74,8 @@ def _from_json_data(data: Any, datatype: str, shape: tuple[int, ...], what: str)
         except ValueError:
             raise InvalidInput(f"'data' of {what} is not a regular array") from None
         dtype = datatypes.to_numpy(datatype)
+        if dtype.kind in "iu" and array.dtype.kind in "fO":
+            array = _exact_integers(data, what, datatype)  # e.g. UINT64 values past INT64's range
         if array.size and array.dtype.kind not in _JSON_KINDS[dtype.kind]:
             raise InvalidInput(f"'data' of {what} holds {array.dtype.kind!r}-kind values, not {datatype}")
         if dtype.kind in "iu" and array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
@@ -82,6 +84,18 @@ def _from_json_data(data: Any, datatype: str, shape: tuple[int, ...], what: str)
     if array.size != count:
         raise InvalidInput(f"{what} has {array.size} elements in 'data' but shape {list(shape)} needs {count}")
     return array.reshape(shape)
+
+
+def _exact_integers(data: Any, what: str, datatype: str) -> np.ndarray:
+    """Integers numpy widened to float or object (mixed magnitudes): kept exact, or refused."""
+    flat = np.asarray(data, dtype=object).ravel()
+    if not all(type(x) is int for x in flat):
+        raise InvalidInput(f"'data' of {what} holds values that are not integers, not {datatype}")
+    low, high = min(flat, default=0), max(flat, default=0)
+    dtype = datatypes.to_numpy(datatype)
+    if low < np.iinfo(dtype).min or high > np.iinfo(dtype).max:
+        raise InvalidInput(f"'data' of {what} has values out of the range of {datatype}")
+    return np.array(flat.tolist(), dtype=dtype)
 
 
 # numpy kinds of JSON values acceptable for each target kind: ints widen to floats, never the reverse.
@@ -179,7 +193,8 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
 
 def _tensor_bytes(array: np.ndarray) -> bytes:
     if array.dtype == np.object_:
-        return serialize_byte_tensor(array).tobytes()
+        # tritonclient returns a 0-d object array holding the serialized bytes.
+        return serialize_byte_tensor(array).item()
     return np.ascontiguousarray(array).tobytes()
 
 

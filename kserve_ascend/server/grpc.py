@@ -86,6 +86,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
         return encode_grpc(served.name, served.version, infer_request, outputs)
 
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Each request of the stream answered in order; an error travels in its response, the stream goes on."""
+        async for request in request_iterator:
+            try:
+                infer_request = decode_grpc(request)
+                served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
+                yield pb.ModelStreamInferResponse(infer_response=encode_grpc(served.name, served.version, infer_request, outputs))
+            except AscendError as error:
+                yield pb.ModelStreamInferResponse(error_message=str(error))
+
 
 class GrpcServer:
     """A grpc.aio server on the event loop the REST server shares, so both feed one batcher."""

@@ -1,0 +1,99 @@
+"""Error semantics: every client mistake is a 4xx with {"error": "<message>"} (gRPC: its status code),
+and the server goes on serving correctly after each one."""
+
+import numpy as np
+import pytest
+import requests
+import grpc as grpclib
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from conftest import assert_serves, simple_body
+
+ERROR = "OIP v2 required_api.md §Inference Response JSON Error Object; §HTTP/REST status codes"
+
+
+@pytest.fixture(autouse=True)
+def still_serves(url):
+    yield
+    assert_serves(url)
+
+
+def first_input(**changes) -> dict:
+    body = simple_body()
+    body["inputs"][0].update(changes)
+    return body
+
+
+CASES = {
+    "unknown_model": ("/v2/models/no_such_model/infer", simple_body()),
+    "unknown_version": ("/v2/models/simple/versions/999/infer", simple_body()),
+    "malformed_json": ("/v2/models/simple/infer", b'{"inputs": ['),
+    "inputs_not_a_list": ("/v2/models/simple/infer", {"inputs": {"INPUT0": [1]}}),
+    "data_shorter_than_shape": ("/v2/models/simple/infer", first_input(data=list(range(15)))),
+    "datatype_mismatch": ("/v2/models/simple/infer", first_input(datatype="FP32", data=[0.5] * 16)),
+    "json_values_of_wrong_type": ("/v2/models/simple/infer", first_input(data=["x"] * 16)),
+    "wrong_rank": ("/v2/models/simple/infer", first_input(shape=[16])),
+    "wrong_dims": ("/v2/models/simple/infer", first_input(shape=[2, 8])),
+    "unknown_input": ("/v2/models/simple/infer", {"inputs": simple_body()["inputs"] + [dict(simple_body()["inputs"][0], name="NOPE")]}),
+    "missing_input": ("/v2/models/simple/infer", {"inputs": simple_body()["inputs"][:1]}),
+    "unknown_requested_output": ("/v2/models/simple/infer", simple_body(outputs=[{"name": "NOPE"}])),
+    "batch_over_max_batch_size": (
+        "/v2/models/simple/infer",
+        {"inputs": [dict(i, shape=[9, 16], data=[1] * 144) for i in simple_body()["inputs"]]},
+    ),
+}
+
+
+@pytest.mark.spec(ERROR)
+@pytest.mark.parametrize("case", list(CASES))
+def test_rest_client_mistake_is_4xx_with_error_body(url, case):
+    path, body = CASES[case]
+    response = requests.post(url + path, **({"data": body} if isinstance(body, bytes) else {"json": body}))
+    assert 400 <= response.status_code < 500, f"{response.status_code}: {response.text}"
+    error = response.json()["error"]
+    assert isinstance(error, str) and error
+
+
+@pytest.mark.spec("Triton extension_binary_data.md (binary_data_size beyond the body)")
+def test_binary_size_beyond_the_body_is_4xx(url):
+    header = b'{"inputs":[{"name":"INPUT0","shape":[1,3],"datatype":"INT32","parameters":{"binary_data_size":12}}]}'
+    response = requests.post(
+        f"{url}/v2/models/identity_int32/infer", data=header + bytes(8), headers={"Inference-Header-Content-Length": str(len(header))}
+    )
+    assert 400 <= response.status_code < 500
+    assert response.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def stub(target):
+    with grpclib.insecure_channel(target.grpc) as channel:
+        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def grpc_request(model="simple", version="", shape=(1, 16), count=16, datatype="INT32", names=("INPUT0", "INPUT1")):
+    request = pb.ModelInferRequest(model_name=model, model_version=version)
+    for name in names:
+        request.inputs.add(name=name, datatype=datatype, shape=list(shape))
+        request.raw_input_contents.append(np.zeros(count, np.int32).tobytes())
+    return request
+
+
+GRPC_CASES = {
+    "unknown_model": (grpc_request(model="no_such_model"), {grpclib.StatusCode.NOT_FOUND, grpclib.StatusCode.INVALID_ARGUMENT}),
+    "unknown_version": (grpc_request(version="999"), {grpclib.StatusCode.NOT_FOUND, grpclib.StatusCode.INVALID_ARGUMENT}),
+    "raw_size_mismatch": (grpc_request(count=15), {grpclib.StatusCode.INVALID_ARGUMENT}),
+    "wrong_rank": (grpc_request(shape=(16,)), {grpclib.StatusCode.INVALID_ARGUMENT}),
+    "missing_input": (grpc_request(names=("INPUT0",)), {grpclib.StatusCode.INVALID_ARGUMENT}),
+    "batch_over_max_batch_size": (grpc_request(shape=(9, 16), count=144), {grpclib.StatusCode.INVALID_ARGUMENT}),
+}
+
+
+@pytest.mark.spec("OIP v2 required_api.md §GRPC (status codes of failed calls)")
+@pytest.mark.parametrize("case", list(GRPC_CASES))
+def test_grpc_client_mistake_has_its_status_code(stub, case):
+    request, codes = GRPC_CASES[case]
+    with pytest.raises(grpclib.RpcError) as raised:
+        stub.ModelInfer(request)
+    assert raised.value.code() in codes, f"{raised.value.code()}: {raised.value.details()}"
+    assert raised.value.details()

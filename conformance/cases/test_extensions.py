@@ -1,0 +1,87 @@
+"""The Triton protocol extensions a server declares in its metadata; each case is skipped when not declared."""
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import simple_body
+
+
+@pytest.mark.spec("Triton extension_model_repository.md §Index")
+def test_repository_index(url, grpc, requires):
+    requires("model_repository")
+    index = requests.post(f"{url}/v2/repository/index", json={}).json()
+    entry = next(e for e in index if e["name"] == "simple")
+    assert entry["state"] == "READY" and entry.get("version") == "1"
+    assert "simple" in {m.name for m in grpc.get_model_repository_index().models}
+
+
+@pytest.mark.spec("Triton extension_model_repository.md §Load, §Unload")
+def test_repository_unload_then_load(http, requires):
+    requires("model_repository")
+    http.unload_model("identity_int8")
+    assert not http.is_model_ready("identity_int8")
+    http.load_model("identity_int8")
+    assert http.is_model_ready("identity_int8")
+
+
+@pytest.mark.spec("Triton extension_statistics.md")
+def test_statistics_count_inferences(url, http, grpc, requires):
+    requires("statistics")
+    before = http.get_inference_statistics("simple")["model_stats"][0]
+    requests.post(f"{url}/v2/models/simple/infer", json=simple_body())
+    after = http.get_inference_statistics("simple", "1")["model_stats"][0]
+    assert (after["name"], after["version"]) == ("simple", "1")
+    assert after["inference_count"] == before["inference_count"] + 1
+    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
+    for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+        assert set(after["inference_stats"][key]) == {"count", "ns"}
+    assert grpc.get_inference_statistics("simple").model_stats[0].name == "simple"
+
+
+@pytest.mark.spec("Triton extension_model_configuration.md")
+def test_model_configuration(http, grpc, requires):
+    requires("model_configuration")
+    config = http.get_model_config("simple")
+    assert config["name"] == "simple" and config["max_batch_size"] == 8
+    assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
+    assert config["input"][0]["dims"] == [16]
+    assert grpc.get_model_config("simple").config.max_batch_size == 8
+
+
+@pytest.mark.spec("Triton extension_parameters.md (request parameters are accepted)")
+def test_request_parameters_are_accepted(url, requires):
+    requires("parameters")
+    response = requests.post(f"{url}/v2/models/simple/infer", json=simple_body(parameters={"custom": "value", "n": 3}))
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.spec("Triton extension_shared_memory.md §System Shared Memory")
+def test_system_shared_memory_inference(target, requires):
+    requires("system_shared_memory")
+    import tritonclient.utils.shared_memory as shm
+
+    data = np.arange(16, dtype=np.int32).reshape(1, 16)
+    name = f"conformance_{target.name}"
+    handle = shm.create_shared_memory_region(name, f"/{name}", 3 * 64)
+    try:
+        shm.set_shared_memory_region(handle, [data, data])
+        with httpclient.InferenceServerClient(target.http) as client:
+            client.unregister_system_shared_memory(name)
+            client.register_system_shared_memory(name, f"/{name}", 3 * 64)
+            assert name in {r["name"] for r in client.get_system_shared_memory_status()}
+            inputs = []
+            for index, tensor_name in enumerate(("INPUT0", "INPUT1")):
+                tensor = httpclient.InferInput(tensor_name, [1, 16], "INT32")
+                tensor.set_shared_memory(name, 64, offset=64 * index)
+                inputs.append(tensor)
+            output = httpclient.InferRequestedOutput("OUTPUT0")
+            output.set_shared_memory(name, 64, offset=128)
+            client.infer("simple", inputs, outputs=[output])
+            result = shm.get_contents_as_numpy(handle, np.int32, [1, 16], offset=128)
+            np.testing.assert_array_equal(result, data * 2)
+            client.unregister_system_shared_memory(name)
+    finally:
+        shm.destroy_shared_memory_region(handle)

@@ -1,0 +1,187 @@
+"""Inference over REST (JSON and the binary tensor data extension) and gRPC, for every datatype."""
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+import grpc as grpclib
+
+from conftest import DATATYPES, SAMPLES, identity, simple_body
+
+OIP = "OIP v2 required_api.md"
+BINARY = "Triton extension_binary_data.md"
+
+
+def json_data(array: np.ndarray) -> list:
+    if array.dtype == object:
+        return [x.decode() for x in array.ravel()]
+    return array.ravel().tolist()
+
+
+@pytest.mark.spec(f"{OIP} §Inference Request/Response JSON Object, §Tensor Data")
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_json_infer_round_trips_each_datatype(url, datatype):
+    array = SAMPLES[datatype].reshape(1, 3)
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": datatype, "data": json_data(array)}]}
+    response = requests.post(f"{url}/v2/models/{identity(datatype)}/infer", json=body)
+    assert response.status_code == 200, response.text
+    output = response.json()["outputs"][0]
+    assert (output["name"], output["datatype"], output["shape"]) == ("OUTPUT0", datatype, [1, 3])
+    if datatype == "BYTES":
+        assert output["data"] == json_data(array)
+    else:  # numbers compare at the tensor's precision (3.4e38 and 3.3999999521443642e38 are one FP32)
+        np.testing.assert_array_equal(np.asarray(output["data"], dtype=array.dtype), array.ravel())
+
+
+@pytest.mark.spec(f"{BINARY} (binary inputs and outputs)")
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_binary_infer_round_trips_each_datatype(http, datatype):
+    array = SAMPLES[datatype].reshape(1, 3)
+    tensor = httpclient.InferInput("INPUT0", [1, 3], datatype)
+    tensor.set_data_from_numpy(array, binary_data=True)
+    result = http.infer(identity(datatype), [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), array)
+    assert result.get_response()["outputs"][0]["parameters"]["binary_data_size"] > 0
+
+
+@pytest.mark.spec(f"{OIP} §GRPC ModelInfer with raw_input_contents")
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_grpc_raw_contents_round_trip_each_datatype(grpc, datatype):
+    array = SAMPLES[datatype].reshape(1, 3)
+    tensor = grpcclient.InferInput("INPUT0", [1, 3], datatype)
+    tensor.set_data_from_numpy(array)
+    np.testing.assert_array_equal(grpc.infer(identity(datatype), [tensor]).as_numpy("OUTPUT0"), array)
+
+
+TYPED = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+@pytest.fixture(scope="module")
+def stub(target):
+    with grpclib.insecure_channel(target.grpc) as channel:
+        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+@pytest.mark.spec(f"{OIP} §GRPC InferTensorContents (typed contents)")
+@pytest.mark.parametrize("datatype", list(TYPED))
+def test_grpc_typed_contents_each_datatype(stub, datatype):
+    array = SAMPLES[datatype].reshape(1, 3)
+    request = pb.ModelInferRequest(model_name=identity(datatype))
+    tensor = request.inputs.add(name="INPUT0", datatype=datatype, shape=[1, 3])
+    getattr(tensor.contents, TYPED[datatype]).extend(array.ravel().tolist())
+    response = stub.ModelInfer(request)
+    output = response.outputs[0]
+    assert (output.name, output.datatype, list(output.shape)) == ("OUTPUT0", datatype, [1, 3])
+    if response.raw_output_contents:
+        from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+
+        raw = response.raw_output_contents[0]
+        got = deserialize_bytes_tensor(raw) if datatype == "BYTES" else np.frombuffer(raw, triton_to_np_dtype(datatype))
+    else:
+        got = np.array(getattr(output.contents, TYPED[datatype]))
+    np.testing.assert_array_equal(got.reshape(1, 3), array)
+
+
+@pytest.mark.spec(f"{OIP} §HTTP/REST /v2/models/{{m}}/versions/{{v}}/infer; §Inference Response (model_version)")
+def test_infer_with_explicit_version(url, grpc):
+    response = requests.post(f"{url}/v2/models/simple/versions/1/infer", json=simple_body())
+    assert response.status_code == 200 and response.json()["model_version"] == "1"
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = grpcclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
+        tensors.append(tensor)
+    assert grpc.infer("simple", tensors, model_version="1").get_response().model_version == "1"
+
+
+@pytest.mark.spec(f"{OIP} §Inference Response JSON Object (id echoes the request id)")
+def test_request_id_is_echoed(url, grpc):
+    assert requests.post(f"{url}/v2/models/simple/infer", json=simple_body(id="conf-42")).json()["id"] == "conf-42"
+    tensor = grpcclient.InferInput("INPUT0", [1, 3], "INT32")
+    tensor.set_data_from_numpy(np.ones((1, 3), np.int32))
+    assert grpc.infer("identity_int32", [tensor], request_id="g-42").get_response().id == "g-42"
+
+
+@pytest.mark.spec(f"{OIP} §Request Output (a subset of outputs)")
+def test_requested_output_subset(url, grpc):
+    response = requests.post(f"{url}/v2/models/simple/infer", json=simple_body(outputs=[{"name": "OUTPUT1"}])).json()
+    assert [o["name"] for o in response["outputs"]] == ["OUTPUT1"]  # and only it
+    assert response["outputs"][0]["data"] == [i - 1 for i in range(16)]
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = grpcclient.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
+        tensors.append(tensor)
+    result = grpc.infer("simple", tensors, outputs=[grpcclient.InferRequestedOutput("OUTPUT0")])
+    assert [o.name for o in result.get_response().outputs] == ["OUTPUT0"]
+
+
+@pytest.mark.spec(f"{BINARY} (binary_data output parameter, JSON inputs)")
+def test_binary_data_output_parameter(url):
+    body = simple_body(outputs=[{"name": "OUTPUT0", "parameters": {"binary_data": True}}, {"name": "OUTPUT1"}])
+    response = requests.post(f"{url}/v2/models/simple/infer", json=body)
+    assert response.status_code == 200
+    length = int(response.headers["Inference-Header-Content-Length"])
+    header = requests.models.complexjson.loads(response.content[:length])
+    outputs = {o["name"]: o for o in header["outputs"]}  # OIP leaves the order of outputs open
+    assert outputs["OUTPUT0"]["parameters"]["binary_data_size"] == 64 and "data" not in outputs["OUTPUT0"]
+    assert outputs["OUTPUT1"]["data"] == [i - 1 for i in range(16)]
+    np.testing.assert_array_equal(np.frombuffer(response.content[length:], np.int32), np.arange(16) + 1)
+
+
+@pytest.mark.spec(f"{BINARY} (binary_data_output request parameter)")
+def test_binary_data_output_request_parameter(url):
+    response = requests.post(f"{url}/v2/models/simple/infer", json=simple_body(parameters={"binary_data_output": True}))
+    length = int(response.headers["Inference-Header-Content-Length"])
+    header = requests.models.complexjson.loads(response.content[:length])
+    assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [64, 64]
+    assert len(response.content) == length + 128
+
+
+@pytest.mark.spec("curl usage: a JSON body without a JSON Content-Type (curl -d)")
+def test_json_body_without_content_type(url):
+    body = requests.models.complexjson.dumps(simple_body()).encode()
+    response = requests.post(f"{url}/v2/models/simple/infer", data=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 200, response.text
+    outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
+    assert outputs["OUTPUT0"] == [i + 1 for i in range(16)]
+
+
+@pytest.mark.spec(f"{OIP} §GRPC ModelStreamInfer")
+def test_grpc_stream_infer(target):
+    import queue
+
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(target.grpc) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        for index in range(3):
+            tensor = grpcclient.InferInput("INPUT0", [1, 3], "INT32")
+            tensor.set_data_from_numpy(np.full((1, 3), index, np.int32))
+            client.async_stream_infer("identity_int32", [tensor], request_id=str(index))
+        answers = [results.get(timeout=10) for _ in range(3)]
+        client.stop_stream()
+    for result, error in answers:
+        assert error is None, error
+        index = int(result.get_response().id)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 3), index, np.int32))
+
+
+@pytest.mark.spec("curl usage: the README's `curl -d` infer request, exactly as typed")
+def test_curl_d_infer_as_a_user_types_it(url):
+    import json
+    import shutil
+    import subprocess
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    body = json.dumps(simple_body())
+    result = subprocess.run(["curl", "-s", "-d", body, f"{url}/v2/models/simple/infer"], capture_output=True, text=True, timeout=30)
+    outputs = {o["name"]: o["data"] for o in json.loads(result.stdout)["outputs"]}
+    assert outputs["OUTPUT0"] == [i + 1 for i in range(16)] and outputs["OUTPUT1"] == [i - 1 for i in range(16)]
