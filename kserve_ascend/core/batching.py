@@ -1,21 +1,31 @@
 """Dynamic batching: a queue that forms batches and a pool of instances that runs them.
 
-Contract: `Scheduler.submit` queues one request and resolves with exactly its own rows.
-One coroutine forms a batch whenever an instance is idle, so batches grow while
-every instance is busy and no two instances race for the same requests. Batches
-run on the instance's own thread; the event loop only queues and resolves futures.
+Contract: `Scheduler.submit` queues one request and resolves with exactly its own rows
+(or with the error of its execution, its rejection or its timeout). One coroutine forms
+a batch whenever an instance is idle, so batches grow while every instance is busy and
+no two instances race for the same requests. Batches run on the instance's own thread;
+the event loop only queues, times and resolves.
+
+`dynamic_batching` as Triton defines it: `max_queue_delay_microseconds`,
+`preferred_batch_size`, `priority_levels` (1 is the most urgent) with
+`default_priority_level`, and queue policies (`default_queue_policy`,
+`priority_queue_policy`: `max_queue_size`, `default_timeout_microseconds`,
+`allow_timeout_override`, `timeout_action` REJECT or DELAY).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .adaptive import AdaptiveBatchLimit
+from .errors import InvalidInput, Unavailable
 from .stats import VersionStats
 
 # Runs one batch: a list of requests' inputs in, a list of their outputs out (same order).
@@ -32,26 +42,97 @@ class Pending:
     arrival: float
     #: Requests batch together only when their non-batch dimensions agree.
     shape_key: tuple = field(default=())
+    level: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+class QueuePolicy:
+    """One `ModelQueuePolicy`: how many requests may wait, and for how long."""
+
+    def __init__(self, policy: mc.ModelQueuePolicy | None = None):
+        policy = policy or mc.ModelQueuePolicy()
+        self.max_size = policy.max_queue_size
+        self.timeout_s = policy.default_timeout_microseconds / 1e6
+        self.allow_override = policy.allow_timeout_override
+        self.delay_on_timeout = policy.timeout_action == mc.ModelQueuePolicy.DELAY
+
+    def timeout(self, requested_us: int | None) -> float:
+        """Seconds the request may wait (0: no limit); a request's own timeout only if allowed."""
+        if requested_us and self.allow_override:
+            return requested_us / 1e6
+        return self.timeout_s
 
 
 class BatchQueue:
-    """FIFO of pending requests; `next_batch` applies the `dynamic_batching` policy."""
+    """Requests by priority level, FIFO within a level; `next_batch` applies `dynamic_batching`."""
 
-    def __init__(self, max_batch_size: int, dynamic: mc.ModelDynamicBatching | None):
-        self._queue: collections.deque[Pending] = collections.deque()
+    def __init__(self, max_batch_size: int, dynamic: mc.ModelDynamicBatching | None, latency_target_ms: float = 0):
+        dynamic = dynamic if max_batch_size > 0 else None
+        self.dynamic = dynamic is not None
+        dynamic = dynamic or mc.ModelDynamicBatching()
+        self.priority_levels = dynamic.priority_levels
+        levels = max(self.priority_levels, 1)
+        self._levels = [collections.deque() for _ in range(levels)]
+        self._delayed: collections.deque[Pending] = collections.deque()  # timed out under DELAY: served last
+        self._policies = [
+            QueuePolicy(dynamic.priority_queue_policy[level] if level in dynamic.priority_queue_policy else dynamic.default_queue_policy)
+            for level in range(1, levels + 1)
+        ]
+        self.default_level = (dynamic.default_priority_level or levels) - 1
         self._arrived = asyncio.Event()
         self.max_batch_size = max(max_batch_size, 1)
-        self.dynamic = dynamic is not None and max_batch_size > 0
-        self.delay_s = dynamic.max_queue_delay_microseconds / 1e6 if dynamic else 0.0
-        self.preferred = frozenset(dynamic.preferred_batch_size) if dynamic else frozenset()
-        self.largest_preferred = max(self.preferred, default=self.max_batch_size)
+        self.delay_s = dynamic.max_queue_delay_microseconds / 1e6
+        self.preferred = frozenset(dynamic.preferred_batch_size)
+        self.adaptive = (
+            AdaptiveBatchLimit(latency_target_ms / 1000, self.delay_s, self.max_batch_size)
+            if latency_target_ms and self.dynamic
+            else None
+        )
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return sum(len(q) for q in self._queues())
 
-    def put(self, pending: Pending) -> None:
-        self._queue.append(pending)
+    def _queues(self) -> Iterator[collections.deque]:
+        return itertools.chain(self._levels, (self._delayed,))
+
+    @property
+    def batch_limit(self) -> int:
+        return self.adaptive.limit if self.adaptive else self.max_batch_size
+
+    def level_of(self, priority: int | None) -> int:
+        """Queue index of a request's `priority` parameter (0 or absent: the default level).
+
+        A model without `priority_levels` has one level and takes any priority, as Triton does.
+        """
+        if not priority or not self.priority_levels:
+            return self.default_level
+        if not 1 <= priority <= self.priority_levels:
+            raise InvalidInput(f"priority {priority!r} is outside the model's priority levels 1..{len(self._levels)}")
+        return priority - 1
+
+    def put(self, pending: Pending, timeout_us: int | None = None) -> None:
+        """Queues a request, or raises Unavailable when its level's queue is full."""
+        policy = self._policies[pending.level]
+        queue = self._levels[pending.level]
+        if policy.max_size and len(queue) >= policy.max_size:
+            raise Unavailable(
+                f"Exceeds maximum queue size: {policy.max_size} requests wait at priority level {pending.level + 1}"
+            )
+        queue.append(pending)
+        timeout = policy.timeout(timeout_us)
+        if timeout:
+            pending.timer = asyncio.get_running_loop().call_later(timeout, self._expire, pending, policy)
         self._arrived.set()
+
+    def _expire(self, pending: Pending, policy: QueuePolicy) -> None:
+        """A request outlived its queue timeout: rejected, or (DELAY) moved behind every other."""
+        if pending.future.done():
+            return
+        self._levels[pending.level].remove(pending)
+        if policy.delay_on_timeout:
+            self._delayed.append(pending)
+        else:
+            pending.future.set_exception(Unavailable("Request timeout expired: it waited in the queue past its timeout"))
 
     async def _wait_for_arrival(self, timeout: float | None) -> bool:
         self._arrived.clear()
@@ -61,47 +142,65 @@ class BatchQueue:
         except asyncio.TimeoutError:
             return False
 
-    def _pop_live(self) -> Pending | None:
-        """The oldest request whose caller still waits (cancelled ones are dropped)."""
-        while self._queue:
-            pending = self._queue.popleft()
-            if not pending.future.done():
-                return pending
+    def _head(self) -> tuple[collections.deque, Pending] | None:
+        """The next request by priority, then arrival (dropping those whose caller left)."""
+        for queue in self._queues():
+            while queue and queue[0].future.done():
+                queue.popleft()
+            if queue:
+                return queue, queue[0]
         return None
+
+    @staticmethod
+    def _take(queue: collections.deque) -> Pending:
+        pending = queue.popleft()
+        if pending.timer is not None:
+            pending.timer.cancel()
+        return pending
 
     def drain(self) -> list[Pending]:
         """Removes and returns every request whose caller still waits."""
-        live = [p for p in self._queue if not p.future.done()]
-        self._queue.clear()
+        live = [p for q in self._queues() for p in q if not p.future.done()]
+        for queue in self._queues():
+            queue.clear()
+        for pending in live:
+            if pending.timer is not None:
+                pending.timer.cancel()
         return live
 
     async def next_batch(self) -> list[Pending]:
         """Waits for a request, then gathers more until the batch is full or the delay is up."""
-        first = self._pop_live()
-        while first is None:
+        head = self._head()
+        while head is None:
             await self._wait_for_arrival(None)
-            first = self._pop_live()
+            head = self._head()
+        first = self._take(head[0])
         batch, rows = [first], first.rows
         if not self.dynamic:
             return batch
         loop = asyncio.get_running_loop()
         deadline = first.arrival + self.delay_s
-        while rows < self.max_batch_size and rows < self.largest_preferred:
-            head = self._queue[0] if self._queue else None
+        limit = self.batch_limit
+        full = min(limit, max((p for p in self.preferred if p <= limit), default=limit))
+        while rows < full:
+            head = self._head()
             if head is None:
                 # A preferred size already reached is sent at once rather than waiting for more.
                 remaining = deadline - loop.time()
                 if rows in self.preferred or remaining <= 0 or not await self._wait_for_arrival(remaining):
                     break
                 continue
-            if head.future.done():
-                self._queue.popleft()
-                continue
-            if rows + head.rows > self.max_batch_size or head.shape_key != first.shape_key:
-                break  # FIFO: the head starts the next batch rather than being overtaken
-            batch.append(self._queue.popleft())
-            rows += head.rows
+            queue, pending = head
+            if rows + pending.rows > limit or pending.shape_key != first.shape_key:
+                break  # in order: the head starts the next batch rather than being overtaken
+            batch.append(self._take(queue))
+            rows += pending.rows
         return batch
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """An execution of `rows` took `seconds` (feeds adaptive batching)."""
+        if self.adaptive:
+            self.adaptive.observe(rows, seconds)
 
 
 class Scheduler:
@@ -121,12 +220,19 @@ class Scheduler:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._dispatch())
 
-    async def submit(self, inputs: Mapping[str, np.ndarray], rows: int, shape_key: tuple) -> dict[str, np.ndarray]:
+    async def submit(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        rows: int,
+        shape_key: tuple,
+        priority: int | None = None,
+        timeout_us: int | None = None,
+    ) -> dict[str, np.ndarray]:
         self._ensure_started()
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.queue.put(Pending(inputs, rows, future, loop.time(), shape_key))
-        return await future
+        pending = Pending(inputs, rows, loop.create_future(), loop.time(), shape_key, self.queue.level_of(priority))
+        self.queue.put(pending, timeout_us)
+        return await pending.future
 
     async def _dispatch(self) -> None:
         while True:
@@ -150,7 +256,9 @@ class Scheduler:
                     pending.future.set_exception(error)
         else:
             done = loop.time()
-            self.stats.record_execution(sum(p.rows for p in batch), len(batch), _ns(done - start))
+            rows = sum(p.rows for p in batch)
+            self.queue.observe(rows, done - start)
+            self.stats.record_execution(rows, len(batch), _ns(done - start))
             for pending, result in zip(batch, results):
                 self.stats.record_success(_ns(done - pending.arrival), _ns(start - pending.arrival))
                 if not pending.future.done():

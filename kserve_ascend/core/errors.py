@@ -21,6 +21,10 @@ class ModelNotReady(AscendError):
     """The model exists but is not loaded (it failed to load, or is still loading)."""
 
 
+class Unavailable(AscendError):
+    """The request cannot be served now: its queue is full or it timed out waiting (retry later)."""
+
+
 class ModelLoadError(AscendError):
     """A model could not be loaded: bad config, missing or corrupt file, missing runtime."""
 

@@ -122,7 +122,9 @@ class Instance:
 class ModelVersion:
     """One loaded version of a model: its instances fed by one batch queue."""
 
-    def __init__(self, name: str, version: int, path: Path, config: mc.ModelConfig, instances: list[Instance]):
+    def __init__(
+        self, name: str, version: int, path: Path, config: mc.ModelConfig, instances: list[Instance], latency_target_ms: float = 0
+    ):
         self.name = name
         self.version = version
         self.path = path
@@ -136,7 +138,7 @@ class ModelVersion:
         self.scheduler = Scheduler(
             [i.run_batch for i in instances],
             self.threads,
-            BatchQueue(config.max_batch_size, dynamic),
+            BatchQueue(config.max_batch_size, dynamic, latency_target_ms),
             self.stats,
         )
 
@@ -144,6 +146,7 @@ class ModelVersion:
     def load(cls, config: mc.ModelConfig, model_dir: Path, version: int) -> "ModelVersion":
         """Loads one version's file on every device of its placement; the config may be completed."""
         path = cfg.model_file(config, model_dir / str(version))
+        latency_target_ms = _latency_target_ms(config)
         runtimes: list[Runtime] = []
         try:
             for device_id in cfg.device_placement(config):
@@ -155,7 +158,7 @@ class ModelVersion:
             for runtime in runtimes:
                 runtime.close()
             raise
-        return cls(config.name, version, path, config, [Instance(r, signature) for r in runtimes])
+        return cls(config.name, version, path, config, [Instance(r, signature) for r in runtimes], latency_target_ms)
 
     @property
     def runtime_info(self) -> dict[str, str]:
@@ -166,18 +169,27 @@ class ModelVersion:
         return info
 
     async def infer(
-        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
+        self,
+        inputs: Mapping[str, np.ndarray],
+        output_names: Sequence[str] | None = None,
+        parameters: Mapping[str, object] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Runs one request, batched with others; returns the requested outputs (all by default)."""
+        """Runs one request, batched with others; returns the requested outputs (all by default).
+
+        Request `parameters` the scheduler honours: `priority` (1 is the most urgent level)
+        and `timeout` (microseconds in the queue, where the queue policy allows it).
+        """
+        parameters = parameters or {}
         try:
             rows = self.signature.check_inputs(inputs)
             if output_names:
                 self.signature.check_outputs(output_names)
+            priority, timeout_us = (_int_parameter(parameters, key) for key in ("priority", "timeout"))
         except InvalidInput:
             self.stats.record_failure(0)
             raise
         shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
-        outputs = await self.scheduler.submit(inputs, rows, shape_key)
+        outputs = await self.scheduler.submit(inputs, rows, shape_key, priority, timeout_us)
         if output_names:
             return {name: outputs[name] for name in output_names}
         return outputs
@@ -188,6 +200,27 @@ class ModelVersion:
         for instance, thread in zip(self.instances, self.threads):
             thread.submit(instance.runtime.close).result()  # after the batch it may be running
             thread.shutdown()
+
+
+def _int_parameter(parameters: Mapping[str, object], key: str) -> int | None:
+    value = parameters.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"request parameter '{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _latency_target_ms(config: mc.ModelConfig) -> float:
+    """`parameters { key: "latency_target_ms" }`: turns on adaptive batching (0: off)."""
+    value = config.parameters["latency_target_ms"].string_value if "latency_target_ms" in config.parameters else "0"
+    try:
+        target = float(value)
+    except ValueError:
+        raise ModelLoadError(f"parameter latency_target_ms must be a number of milliseconds, got {value!r}") from None
+    if target < 0:
+        raise ModelLoadError("parameter latency_target_ms must not be negative")
+    return target
 
 
 class Model:

@@ -72,6 +72,6 @@ class DataPlane:
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> tuple[ModelVersion, dict]:
         served = self.repository.get(name).version(version)
-        outputs = await served.infer(request.inputs, list(request.outputs))
+        outputs = await served.infer(request.inputs, list(request.outputs), request.parameters)
         return served, outputs
 

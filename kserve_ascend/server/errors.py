@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import grpc
 
-from ..core.errors import AscendError, InvalidInput, ModelNotFound, ModelNotReady
+from ..core.errors import AscendError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable
 
 # Triton answers 400 for a model that exists but is unavailable; so does this server.
-_STATUS = {InvalidInput: 400, ModelNotFound: 404, ModelNotReady: 400}
+_STATUS = {InvalidInput: 400, ModelNotFound: 404, ModelNotReady: 400, Unavailable: 503}
 _CODE = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
     ModelNotReady: grpc.StatusCode.UNAVAILABLE,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
 
 def http_status(error: AscendError) -> int:
-    """4xx for client mistakes; 500 only for faults of the server or device."""
+    """4xx for client mistakes; 503 for a full queue or a queue timeout (retry); 500 for faults."""
     return _STATUS.get(type(error), 500)
 
 
