@@ -237,8 +237,8 @@ class Scheduler:
     async def _dispatch(self) -> None:
         while True:
             instance = await self._idle.get()
-            batch = await self.queue.next_batch()
-            task = asyncio.get_running_loop().create_task(self._execute(instance, batch))
+            # No local name for the batch: holding it until the next one would keep its tensors alive.
+            task = asyncio.get_running_loop().create_task(self._execute(instance, await self.queue.next_batch()))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 

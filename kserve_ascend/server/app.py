@@ -84,7 +84,10 @@ class AscendModelServer(kserve.ModelServer):
             self.servers.append(self._grpc_server.start())
         self.setup_event_loop()
         self.register_signal_handler()
-        asyncio.run(self._serve())
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self.ascend_dataplane.shm.close()  # unmaps the regions clients left registered
 
 
 def _log_like_kserve() -> None:

@@ -1,7 +1,8 @@
 """Tensors on the wire <-> numpy: OIP JSON, the binary tensor data extension, and gRPC.
 
 Decoding is where client mistakes are caught: every malformed field raises
-`InvalidInput` with a message naming it. Nothing here knows about models.
+`InvalidInput` with a message naming it. Nothing here knows about models. Tensors in
+shared memory (Triton's extension) are looked up in the registry the edge passes in.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 import orjson
@@ -18,9 +19,18 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from ..core import datatypes
 from ..core.errors import InvalidInput
+from .shm import SharedMemoryRegistry
 
 #: Header of the binary tensor data extension: length of the JSON part of the body.
 HEADER_LENGTH = "inference-header-content-length"
+
+
+class ShmSlice(NamedTuple):
+    """Where a tensor lives in a registered shared memory region."""
+
+    region: str
+    offset: int
+    view: memoryview
 
 
 @dataclass
@@ -33,6 +43,8 @@ class InferRequest:
     outputs: dict[str, bool] = field(default_factory=dict)
     binary_outputs: bool = False
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: Requested outputs to write into shared memory rather than into the response.
+    shm_outputs: dict[str, ShmSlice] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- REST (JSON and binary)
@@ -102,25 +114,69 @@ def _exact_integers(data: Any, what: str, datatype: str) -> np.ndarray:
 _JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
-def _from_binary(chunk: memoryview, datatype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+def _from_binary(
+    chunk: memoryview, datatype: str, shape: tuple[int, ...], what: str, source: str = "binary data"
+) -> np.ndarray:
     count = math.prod(shape)
     if datatype == "BYTES":
         try:
             array = deserialize_bytes_tensor(bytes(chunk))
         except (struct.error, ValueError):
-            raise InvalidInput(f"binary data of {what} is not a length-prefixed BYTES tensor") from None
+            raise InvalidInput(f"{source} of {what} is not a length-prefixed BYTES tensor") from None
         if array.size != count:
             raise InvalidInput(f"{what} has {array.size} BYTES elements but shape {list(shape)} needs {count}")
         return array.reshape(shape)
     dtype = datatypes.to_numpy(datatype)
     if len(chunk) != count * dtype.itemsize:
         raise InvalidInput(
-            f"{what} has {len(chunk)} bytes of binary data but shape {list(shape)} of {datatype} needs {count * dtype.itemsize}"
+            f"{what} has {len(chunk)} bytes of {source} but shape {list(shape)} of {datatype} needs {count * dtype.itemsize}"
         )
     return np.frombuffer(chunk, dtype=dtype).reshape(shape)
 
 
-def _json_object(body: bytes | memoryview) -> dict:
+_SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def _shm_slice(params: Mapping[str, Any], shm: SharedMemoryRegistry, what: str) -> ShmSlice | None:
+    """The shared memory a tensor's parameters place it in, bounds-checked; None if they place it nowhere."""
+    if not any(key in params for key in _SHM_PARAMETERS):
+        return None
+    region, size, offset = (params.get(key) for key in _SHM_PARAMETERS)
+    if not isinstance(region, str) or not region:
+        raise InvalidInput(f"{what} has shared memory parameters but no 'shared_memory_region' name")
+    if size is None:
+        raise InvalidInput(f"{what} names shared memory region '{region}' but has no 'shared_memory_byte_size'")
+    offset = 0 if offset is None else offset
+    for key, value in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidInput(f"'{key}' of {what} must be a non-negative integer, got {value!r}")
+    return ShmSlice(region, offset, shm.view(region, offset, size, what))
+
+
+def _from_shm(placed: ShmSlice, datatype: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    # Zero-copy, and read-only so that no model can write into the client's memory.
+    return _from_binary(placed.view.toreadonly(), datatype, shape, what, source="shared memory")
+
+
+def _to_shm(placed: ShmSlice, array: np.ndarray, what: str) -> dict[str, Any]:
+    """Writes an output where the request placed it; returns the parameters that say where."""
+    blob = _tensor_bytes(array) if array.dtype == np.object_ else None
+    size = len(blob) if blob is not None else array.nbytes
+    if size > len(placed.view):
+        raise InvalidInput(
+            f"{what} needs {size} bytes but its 'shared_memory_byte_size' in region '{placed.region}' is {len(placed.view)}"
+        )
+    if blob is not None:
+        placed.view[:size] = blob
+    else:
+        np.frombuffer(placed.view[:size], dtype=array.dtype).reshape(array.shape)[...] = array
+    parameters: dict[str, Any] = {"shared_memory_region": placed.region, "shared_memory_byte_size": size}
+    if placed.offset:
+        parameters["shared_memory_offset"] = placed.offset
+    return parameters
+
+
+def json_object(body: bytes | memoryview) -> dict:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as error:
@@ -130,8 +186,8 @@ def _json_object(body: bytes | memoryview) -> dict:
     return obj
 
 
-def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
-    """Decodes an OIP REST infer request, JSON or JSON header plus binary tensor data."""
+def decode_rest(body: bytes, header_length: str | None, shm: SharedMemoryRegistry) -> InferRequest:
+    """Decodes an OIP REST infer request: JSON, JSON header plus binary tensor data, or shared memory."""
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -143,7 +199,7 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
             raise InvalidInput(f"Inference-Header-Content-Length {length} is outside the body of {len(body)} bytes")
         view = memoryview(body)
         header, binary = view[:length], view[length:]
-    obj = _json_object(header)
+    obj = json_object(header)
     request_id = _field(obj, "id", str, "the request", required=False) or ""
     parameters = _field(obj, "parameters", dict, "the request", required=False) or {}
     raw_inputs = _field(obj, "inputs", list, "the request")
@@ -159,8 +215,13 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
         shape = _shape(item.get("shape"), what)
         datatype = _datatype(item.get("datatype"), what)
         params = _field(item, "parameters", dict, what, required=False) or {}
+        placed = _shm_slice(params, shm, what)
         size = params.get("binary_data_size")
-        if size is not None:
+        if placed is not None:
+            if size is not None or item.get("data") is not None:
+                raise InvalidInput(f"{what} is in shared memory and must not also have 'data' or 'binary_data_size'")
+            inputs[name] = _from_shm(placed, datatype, shape, what)
+        elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise InvalidInput(f"'binary_data_size' of {what} must be a non-negative integer")
             if offset + size > len(binary):
@@ -174,6 +235,7 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
     if offset != len(binary):
         raise InvalidInput(f"the request carries {len(binary) - offset} bytes of binary data that no input claims")
     outputs: dict[str, bool] = {}
+    shm_outputs: dict[str, ShmSlice] = {}
     for item in _field(obj, "outputs", list, "the request", required=False) or []:
         if not isinstance(item, dict):
             raise InvalidInput("each element of 'outputs' must be a JSON object")
@@ -182,12 +244,16 @@ def decode_rest(body: bytes, header_length: str | None) -> InferRequest:
         if params.get("classification"):
             raise InvalidInput("the classification extension is not supported")
         outputs[name] = bool(params.get("binary_data", False))
+        placed = _shm_slice(params, shm, f"output '{name}'")
+        if placed is not None:
+            shm_outputs[name] = placed
     return InferRequest(
         inputs=inputs,
         id=request_id,
         outputs=outputs,
         binary_outputs=bool(parameters.get("binary_data_output", False)),
         parameters=parameters,
+        shm_outputs=shm_outputs,
     )
 
 
@@ -205,7 +271,9 @@ def encode_rest(
     entries, blobs = [], []
     for name, array in outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": datatypes.from_numpy(array.dtype), "shape": array.shape}
-        if request.outputs.get(name, request.binary_outputs):
+        if name in request.shm_outputs:
+            entry["parameters"] = _to_shm(request.shm_outputs[name], array, f"output '{name}'")
+        elif request.outputs.get(name, request.binary_outputs):
             blob = _tensor_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
@@ -247,13 +315,30 @@ def _grpc_parameter(value: pb.InferParameter) -> Any:
     return getattr(value, choice) if choice else None
 
 
-def decode_grpc(request: pb.ModelInferRequest) -> InferRequest:
-    """Decodes a gRPC ModelInferRequest, with raw or typed input contents."""
+def _grpc_parameters(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    return {key: _grpc_parameter(value) for key, value in parameters.items()}
+
+
+def _set_grpc_parameters(target: Mapping[str, pb.InferParameter], parameters: Mapping[str, Any]) -> None:
+    for key, value in parameters.items():
+        if isinstance(value, str):
+            target[key].string_param = value
+        else:
+            target[key].int64_param = value
+
+
+def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> InferRequest:
+    """Decodes a gRPC ModelInferRequest, with raw or typed input contents, or in shared memory."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    placements = [_shm_slice(_grpc_parameters(t.parameters), shm, f"input '{t.name}'") for t in request.inputs]
+    # raw_input_contents holds, in order, the inputs that are not in shared memory (as in Triton).
+    in_band = sum(placed is None for placed in placements)
+    if raw and len(raw) != in_band:
+        outside = " outside shared memory" if in_band < len(placements) else ""
+        raise InvalidInput(f"{len(raw)} raw_input_contents for {in_band} inputs{outside}")
+    contents = iter(raw)
     inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(request.inputs):
+    for tensor, placed in zip(request.inputs, placements):
         what = f"input '{tensor.name}'"
         if tensor.name in inputs:
             raise InvalidInput(f"{what} appears twice")
@@ -261,10 +346,15 @@ def decode_grpc(request: pb.ModelInferRequest) -> InferRequest:
         if any(d < 0 for d in tensor.shape):
             raise InvalidInput(f"'shape' of {what} must be non-negative")
         shape = tuple(tensor.shape)
+        if placed is not None:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"{what} is in shared memory and must not also have contents")
+            inputs[tensor.name] = _from_shm(placed, datatype, shape, what)
+            continue
         if raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"{what} has both contents and raw_input_contents")
-            inputs[tensor.name] = _from_binary(memoryview(raw[index]), datatype, shape, what)
+            inputs[tensor.name] = _from_binary(memoryview(next(contents)), datatype, shape, what)
             continue
         if datatype == "FP16":
             raise InvalidInput(f"{what} is FP16, which gRPC carries only in raw_input_contents")
@@ -275,15 +365,20 @@ def decode_grpc(request: pb.ModelInferRequest) -> InferRequest:
             raise InvalidInput(f"{what} has {array.size} elements in contents but shape {list(shape)} needs {math.prod(shape)}")
         inputs[tensor.name] = array.reshape(shape)
     outputs = {}
+    shm_outputs: dict[str, ShmSlice] = {}
     for requested in request.outputs:
         if "classification" in requested.parameters:
             raise InvalidInput("the classification extension is not supported")
         outputs[requested.name] = True
+        placed = _shm_slice(_grpc_parameters(requested.parameters), shm, f"output '{requested.name}'")
+        if placed is not None:
+            shm_outputs[requested.name] = placed
     return InferRequest(
         inputs=inputs,
         id=request.id,
         outputs=outputs,
-        parameters={k: _grpc_parameter(v) for k, v in request.parameters.items()},
+        parameters=_grpc_parameters(request.parameters),
+        shm_outputs=shm_outputs,
     )
 
 
@@ -292,6 +387,11 @@ def encode_grpc(
 ) -> pb.ModelInferResponse:
     response = pb.ModelInferResponse(model_name=model_name, model_version=str(version), id=request.id)
     for name, array in outputs.items():
-        response.outputs.add(name=name, datatype=datatypes.from_numpy(array.dtype), shape=array.shape)
-        response.raw_output_contents.append(_tensor_bytes(array))
+        tensor = response.outputs.add(name=name, datatype=datatypes.from_numpy(array.dtype), shape=array.shape)
+        if name in request.shm_outputs:
+            _set_grpc_parameters(tensor.parameters, _to_shm(request.shm_outputs[name], array, f"output '{name}'"))
+            # An empty entry keeps raw_output_contents aligned with outputs, as Triton does.
+            response.raw_output_contents.append(b"")
+        else:
+            response.raw_output_contents.append(_tensor_bytes(array))
     return response

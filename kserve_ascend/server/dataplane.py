@@ -9,16 +9,18 @@ from ..core.config import config_json
 from ..core.model import Model, ModelVersion
 from ..core.repository import Repository
 from .codec import InferRequest
+from .shm import SharedMemoryRegistry
 
 SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics", "system_shared_memory"]
 
 
 class DataPlane:
     def __init__(self, repository: Repository):
         self.repository = repository
         self.loaded = False  # set once the start-up load of the repository has finished
+        self.shm = SharedMemoryRegistry()  # the regions both edges read inputs from and write outputs to
 
     @staticmethod
     def metadata() -> dict[str, Any]:

@@ -11,10 +11,11 @@ from grpc import aio
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from ..core.errors import AscendError
+from ..core.errors import AscendError, InvalidInput
 from .codec import decode_grpc, encode_grpc
 from .dataplane import DataPlane
 from .errors import grpc_code
+from .shm import CUDA_SHM_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +83,44 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def ModelInfer(self, request, context):
-        infer_request = decode_grpc(request)
+        infer_request = decode_grpc(request, self.dataplane.shm)
         served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
         return encode_grpc(served.name, served.version, infer_request, outputs)
+
+    @_answers_errors
+    async def SystemSharedMemoryStatus(self, request, context):
+        regions = self.dataplane.shm.status(request.name)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: status(**r) for r in regions})
+
+    @_answers_errors
+    async def SystemSharedMemoryRegister(self, request, context):
+        self.dataplane.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_answers_errors
+    async def SystemSharedMemoryUnregister(self, request, context):
+        self.dataplane.shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_answers_errors
+    async def CudaSharedMemoryStatus(self, request, context):
+        if request.name:
+            raise InvalidInput(f"Unable to find cuda shared memory region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_answers_errors
+    async def CudaSharedMemoryRegister(self, request, context):
+        raise InvalidInput(CUDA_SHM_UNSUPPORTED)
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can be registered
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Each request of the stream answered in order; an error travels in its response, the stream goes on."""
         async for request in request_iterator:
             try:
-                infer_request = decode_grpc(request)
+                infer_request = decode_grpc(request, self.dataplane.shm)
                 served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
                 yield pb.ModelStreamInferResponse(infer_response=encode_grpc(served.name, served.version, infer_request, outputs))
             except AscendError as error:

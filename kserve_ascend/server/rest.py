@@ -16,10 +16,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..core.errors import AscendError
-from .codec import HEADER_LENGTH, decode_rest, encode_rest
+from ..core.errors import AscendError, InvalidInput
+from .codec import HEADER_LENGTH, decode_rest, encode_rest, json_object
 from .dataplane import DataPlane
 from .errors import http_status
+from .shm import CUDA_SHM_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class RestEndpoints:
 
     async def infer(self, request: Request) -> Response:
         p = request.path_params
-        infer_request = decode_rest(await request.body(), request.headers.get(HEADER_LENGTH))
+        infer_request = decode_rest(await request.body(), request.headers.get(HEADER_LENGTH), self.dataplane.shm)
         served, outputs = await self.dataplane.infer(p["model_name"], p.get("model_version"), infer_request)
         body, header_length = encode_rest(served.name, served.version, infer_request, outputs)
         if header_length is None:
@@ -99,6 +100,31 @@ class RestEndpoints:
             media_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(header_length)},
         )
+
+    async def shm_status(self, request: Request) -> Response:
+        return _json(self.dataplane.shm.status(request.path_params.get("region_name", "")))
+
+    async def shm_register(self, request: Request) -> Response:
+        body = json_object(await request.body())
+        self.dataplane.shm.register(
+            request.path_params["region_name"], body.get("key"), body.get("offset", 0), body.get("byte_size")
+        )
+        return Response()
+
+    async def shm_unregister(self, request: Request) -> Response:
+        self.dataplane.shm.unregister(request.path_params.get("region_name", ""))
+        return Response()
+
+    async def cuda_shm_status(self, request: Request) -> Response:
+        if "region_name" in request.path_params:
+            raise InvalidInput(f"Unable to find cuda shared memory region: '{request.path_params['region_name']}'")
+        return _json([])
+
+    async def cuda_shm_register(self, request: Request) -> Response:
+        raise InvalidInput(CUDA_SHM_UNSUPPORTED)
+
+    async def cuda_shm_unregister(self, request: Request) -> Response:
+        return Response()  # no CUDA region can be registered, so there is none to unregister
 
     def routes(self) -> list[Route]:
         model = "/v2/models/{model_name}"
@@ -110,6 +136,18 @@ class RestEndpoints:
             ("/v2/repository/index", self.repository_index, "POST"),
             ("/v2/models/stats", self.statistics, "GET"),
         ]
+        for shm, status, register, unregister in (
+            ("/v2/systemsharedmemory", self.shm_status, self.shm_register, self.shm_unregister),
+            ("/v2/cudasharedmemory", self.cuda_shm_status, self.cuda_shm_register, self.cuda_shm_unregister),
+        ):
+            region = shm + "/region/{region_name}"
+            table += [
+                (shm + "/status", status, "GET"),
+                (region + "/status", status, "GET"),
+                (region + "/register", register, "POST"),
+                (shm + "/unregister", unregister, "POST"),
+                (region + "/unregister", unregister, "POST"),
+            ]
         for prefix in (model, version):
             table += [
                 (prefix, self.model_metadata, "GET"),

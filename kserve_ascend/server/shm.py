@@ -1,0 +1,130 @@
+"""Triton's system shared memory extension: the regions clients register, each mapped once.
+
+A region is a window (offset, byte_size) of a POSIX shared memory object the client made
+with shm_open and names by its key. Inputs are read from it in place and outputs written
+into it, so tensor data never travels in requests or responses. Both edges share one
+registry on the event loop, so it needs no lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import stat
+from dataclasses import dataclass
+
+from ..core.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+#: Where Linux keeps POSIX shared memory objects: shm_open("/name") opens /dev/shm/name.
+SHM_DIR = "/dev/shm"
+#: Triton's shared memory examples first clear CUDA regions. With no CUDA device none can
+#: exist, so the edges answer CUDA status and unregister with none and refuse to register
+#: (the cuda_shared_memory extension is not declared).
+CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported: this server has no CUDA devices"
+
+
+@dataclass
+class Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapping: mmap.mmap
+    #: Where the region starts in `mapping`: mmap offsets must be page-aligned, region offsets need not be.
+    start: int
+
+    def status(self) -> dict:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+class SharedMemoryRegistry:
+    def __init__(self) -> None:
+        self._regions: dict[str, Region] = {}
+
+    def register(self, name: str, key, offset, byte_size) -> None:
+        """Maps `byte_size` bytes at `offset` of shared memory object `key` read-write as region `name`.
+
+        The arguments are checked here: over REST they come straight from the JSON body.
+        """
+        if not name:
+            raise InvalidInput("a shared memory region needs a name")
+        if name in self._regions:
+            raise InvalidInput(f"shared memory region '{name}' already in manager")
+        what = f"shared memory region '{name}'"
+        _check_integer(offset, "offset", what, minimum=0)
+        _check_integer(byte_size, "byte_size", what, minimum=1)  # mmap maps the whole object for a length of 0
+        path = _object_path(key, what)
+        try:
+            # O_NOFOLLOW as shm_open itself: a symlink planted in /dev/shm must not map another file.
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as error:
+            raise InvalidInput(f"unable to register {what}: cannot open shared memory object '{key}': {error.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise InvalidInput(f"unable to register {what}: '{key}' is not a shared memory object")
+            if offset + byte_size > info.st_size:
+                raise InvalidInput(
+                    f"unable to register {what}: offset {offset} + byte_size {byte_size} is beyond "
+                    f"the {info.st_size} bytes of shared memory object '{key}'"
+                )
+            start = offset % mmap.ALLOCATIONGRANULARITY
+            mapping = mmap.mmap(fd, start + byte_size, offset=offset - start)
+        finally:
+            os.close(fd)  # the mapping keeps its own descriptor
+        self._regions[name] = Region(name, key, offset, byte_size, mapping, start)
+        log.info("registered %s: %d bytes at offset %d of '%s'", what, byte_size, offset, key)
+
+    def unregister(self, name: str = "") -> None:
+        """Unregisters region `name`, or every region; an unknown name is no error (as in Triton)."""
+        names = [name] if name else list(self._regions)
+        for region in filter(None, (self._regions.pop(n, None) for n in names)):
+            try:
+                region.mapping.close()
+            except BufferError:
+                # A request in flight still holds tensors over it: the mapping is unmapped when they are dropped.
+                pass
+            log.info("unregistered shared memory region '%s'", region.name)
+
+    def close(self) -> None:
+        """Unmaps every region, at server shutdown."""
+        self.unregister()
+
+    def status(self, name: str = "") -> list[dict]:
+        """Every region's status, or region `name`'s (which must be registered)."""
+        if not name:
+            return [region.status() for region in self._regions.values()]
+        if name not in self._regions:
+            raise InvalidInput(f"Unable to find system shared memory region: '{name}'")
+        return [self._regions[name].status()]
+
+    def view(self, name: str, offset: int, byte_size: int, what: str) -> memoryview:
+        """The `byte_size` bytes at `offset` of region `name`, in place, for tensor `what`."""
+        region = self._regions.get(name)
+        if region is None:
+            raise InvalidInput(f"{what} names shared memory region '{name}', which is not registered")
+        if offset + byte_size > region.byte_size:
+            raise InvalidInput(
+                f"{what} spans bytes {offset}..{offset + byte_size} of shared memory region '{name}', "
+                f"which has {region.byte_size}"
+            )
+        start = region.start + offset
+        return memoryview(region.mapping)[start : start + byte_size]
+
+
+def _check_integer(value, key: str, what: str, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive" if minimum else "a non-negative"
+        raise InvalidInput(f"'{key}' of {what} must be {kind} integer, got {value!r}")
+
+
+def _object_path(key, what: str) -> str:
+    # As shm_open: leading slashes are optional and no other is allowed, so a key can
+    # only name a file of /dev/shm, never a path elsewhere.
+    name = key.lstrip("/") if isinstance(key, str) else ""
+    if not name or "/" in name or name in (".", ".."):
+        raise InvalidInput(f"'key' of {what} must name a POSIX shared memory object such as '/data', got {key!r}")
+    return os.path.join(SHM_DIR, name)
