@@ -65,7 +65,6 @@ class AscendModelServer(kserve.ModelServer):
             raise SystemExit("--workers must be 1: scale kserve-ascend with replicas, one process per NPU set")
         for model in self.models:
             self.register_model(model)
-        rest.install(model_server.app, self.ascend_dataplane)
         self._rest_server = RESTServer(
             FASTAPI_APP_IMPORT_STRING,
             self.dataplane,
@@ -78,6 +77,8 @@ class AscendModelServer(kserve.ModelServer):
             ssl_certfile=self.ssl_certfile,
             ssl_keyfile=self.ssl_keyfile,
         )
+        # KServe's server (uvicorn, TLS refresh) and its routes, in front of which go the OIP routes.
+        self._rest_server.config.app = rest.application(self.ascend_dataplane, model_server.app)
         self.servers = [self._rest_server.start(), self._load_models()]
         if self.enable_grpc:
             self._grpc_server = GrpcServer(self.grpc_port, self.ascend_dataplane, self.grpc_options, self.grace_period)
