@@ -1,14 +1,15 @@
-# Two commands do all the set-up: `make serve` and `make test`.
+# Two commands do all the set-up: `make serve` and `make test` (`make bench` measures).
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 
 MODEL_DIR ?= model_repository
 HTTP_PORT ?= 8080
 GRPC_PORT ?= 8081
 
-.PHONY: serve test triton models clean
+.PHONY: serve test triton models bench clean
 
 # Idempotent: reinstalls only when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -26,6 +27,16 @@ test: $(STAMP)
 # Real Triton (from the nvidia-pytriton wheel) with the `ascend` backend on :8000/:8001/:8002.
 triton: $(STAMP)
 	$(BIN)/python tools/run_triton.py --model-repository $(MODEL_DIR)
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@
+
+# The same load against five scenarios (bench/run.py), ~12 min: bench/results/results.md, qps_p99.png, results.json.
+# `make bench BENCH_ARGS=--quick` (1 s per point, concurrency 1 and 10) checks that it runs.
+bench: $(BENCH_STAMP)
+	command -v hey >/dev/null || apt-get install -y -qq hey || { apt-get update -qq && apt-get install -y -qq hey; }
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # Regenerates the committed model files from seeded weights.
 models: $(STAMP)
