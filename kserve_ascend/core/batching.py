@@ -89,9 +89,6 @@ class BatchQueue:
             else None
         )
 
-    def __len__(self) -> int:
-        return sum(len(q) for q in self._queues())
-
     def _queues(self) -> Iterator[collections.deque]:
         return itertools.chain(self._levels, (self._delayed,))
 
