@@ -42,7 +42,7 @@ class RecordingRunner:
         return [{"y": r["x"] * 2} for r in requests]
 
 
-def run_scheduler(rows: list[int], *, max_batch: int = 8, delay_us: int | None = 100_000, preferred=(), instances: int = 1, seconds: float = 0.0, stagger: float = 0.0):
+def run_scheduler(rows: list[int], *, max_batch: int = 8, delay_us: int | None = 100_000, preferred=(), instances: int = 1, seconds: float = 0.0, stagger: float = 0.0, arrivals: list[float] | None = None):
     dynamic = None
     if delay_us is not None:
         dynamic = mc.ModelDynamicBatching(max_queue_delay_microseconds=delay_us, preferred_batch_size=list(preferred))
@@ -53,7 +53,7 @@ def run_scheduler(rows: list[int], *, max_batch: int = 8, delay_us: int | None =
         scheduler = Scheduler([runner] * instances, executors, BatchQueue(max_batch, dynamic))
 
         async def one(index, count):
-            await asyncio.sleep(stagger * index)
+            await asyncio.sleep(arrivals[index] if arrivals else stagger * index)
             x = np.full((count, 2), index, dtype=np.int64)
             return await scheduler.submit({"x": x}, count, ((2,),))
 
@@ -90,6 +90,14 @@ def test_queue_delay_bounds_the_wait_for_a_full_batch():
     # Requests 30 ms apart with a 5 ms delay never meet in one batch.
     runner = run_scheduler([1, 1, 1], delay_us=5_000, stagger=0.03)
     assert runner.batches == [[1], [1], [1]]
+
+
+def test_requests_left_over_while_busy_gather_the_next_arrivals():
+    # Ten at t=0 and six at t=60 ms; executions take 50 ms, delay 20 ms. The two left out
+    # of the first batch wait for the instance, then get a window of their own in which
+    # the six join them, as a closed loop of clients needs (not a batch of 2, then one of 6).
+    runner = run_scheduler([1] * 16, delay_us=20_000, seconds=0.05, arrivals=[0.0] * 10 + [0.06] * 6)
+    assert runner.batches == [[1] * 8, [1] * 8]
 
 
 def test_without_dynamic_batching_each_request_runs_alone():
