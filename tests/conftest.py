@@ -31,6 +31,7 @@ class Server:
     http_port: int
     grpc_port: int
     log: Path
+    metrics_port: int = 0
 
     @property
     def http(self) -> str:
@@ -50,17 +51,18 @@ class Server:
 
 def start_server(model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait_ready: bool = True) -> Server:
     """Starts `python -m kserve_ascend` and waits until it is ready (or, for a broken repository, loaded)."""
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
         sys.executable, "-m", "kserve_ascend",
         "--model_dir", str(model_dir),
         "--http_port", str(http_port),
         "--grpc_port", str(grpc_port),
+        "--metrics_port", str(metrics_port),
         *extra,
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
-    server = Server(process, http_port, grpc_port, log)
+    server = Server(process, http_port, grpc_port, log, metrics_port)
 
     def loaded() -> bool:
         if wait_ready:
@@ -114,12 +116,8 @@ def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path
     return target
 
 
-@dataclass
-class Triton(Server):
-    metrics_port: int = 0
 
-
-def start_triton(model_dir: Path, workdir: Path, *extra: str, wait_ready: bool = True) -> Triton:
+def start_triton(model_dir: Path, workdir: Path, *extra: str, wait_ready: bool = True) -> Server:
     """Starts real Triton (tools/run_triton.py) with the `ascend` backend on free ports."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     log = workdir / "triton.log"
@@ -132,13 +130,13 @@ def start_triton(model_dir: Path, workdir: Path, *extra: str, wait_ready: bool =
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    triton = Triton(process, http_port, grpc_port, log, metrics_port)
+    triton = Server(process, http_port, grpc_port, log, metrics_port)
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
     return wait_until(triton, lambda: requests.get(triton.url + path, timeout=1).status_code == 200, timeout=120)
 
 
 @pytest.fixture(scope="session")
-def triton(tmp_path_factory) -> Triton:
+def triton(tmp_path_factory) -> Server:
     """Real Triton 2.51 on the project's own model_repository/."""
     srv = start_triton(REPOSITORY, tmp_path_factory.mktemp("triton"))
     yield srv

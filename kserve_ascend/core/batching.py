@@ -25,7 +25,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .adaptive import AdaptiveBatchLimit
-from .errors import InvalidInput, Unavailable
+from .errors import InvalidInput, ModelNotReady, Unavailable
 from .stats import VersionStats
 
 # Runs one batch: a list of requests' inputs in, a list of their outputs out (same order).
@@ -220,6 +220,9 @@ class Scheduler:
             self._idle.put_nowait(instance)
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
+        self.outstanding = 0  # requests submitted and not yet answered
+        self.executing = 0  # of those, the requests in a running batch
+        self._answered_all = asyncio.Event()
 
     def _ensure_started(self) -> None:
         # Started lazily so a model can be loaded off the event loop (in a thread).
@@ -237,8 +240,38 @@ class Scheduler:
         self._ensure_started()
         loop = asyncio.get_running_loop()
         pending = Pending(inputs, rows, loop.create_future(), loop.time(), shape_key, self.queue.level_of(priority))
-        self.queue.put(pending, timeout_us)
-        return await pending.future
+        try:
+            self.queue.put(pending, timeout_us)
+        except Unavailable:
+            self.stats.record_failure(0, "REJECTED")
+            raise
+        self.outstanding += 1
+        try:
+            return await pending.future
+        except Exception as error:
+            # Failure reasons as Triton's metrics name them: refused by the queue, or the execution failed.
+            reason = "REJECTED" if isinstance(error, Unavailable) else "CANCELED" if isinstance(error, ModelNotReady) else "BACKEND"
+            self.stats.record_failure(_ns(loop.time() - pending.arrival), reason)
+            raise
+        finally:
+            self.outstanding -= 1
+            if not self.outstanding:
+                self._answered_all.set()
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch (submitted, not yet executing)."""
+        return self.outstanding - self.executing
+
+    async def drain(self) -> None:
+        """Waits until every request submitted so far has been answered.
+
+        For a version taken out of service: it receives no new requests, so this ends once
+        the queue is empty and the last batch has run; then `close` loses nothing.
+        """
+        while self.outstanding:
+            self._answered_all.clear()
+            await self._answered_all.wait()
 
     async def _dispatch(self) -> None:
         while True:
@@ -252,12 +285,11 @@ class Scheduler:
         runner, executor = instance
         loop = asyncio.get_running_loop()
         start = loop.time()
+        self.executing += len(batch)
         try:
             results = await loop.run_in_executor(executor, runner, [pending.inputs for pending in batch])
         except Exception as error:  # a failed execution fails every request in it, and only those
-            done = loop.time()
             for pending in batch:
-                self.stats.record_failure(_ns(done - pending.arrival))
                 if not pending.future.done():
                     pending.future.set_exception(error)
         else:
@@ -270,6 +302,7 @@ class Scheduler:
                 if not pending.future.done():
                     pending.future.set_result(result)
         finally:
+            self.executing -= len(batch)
             self._idle.put_nowait(instance)
 
     def close(self, reason: Exception) -> None:

@@ -186,7 +186,7 @@ class ModelVersion:
                 self.signature.check_outputs(output_names)
             priority, timeout_us = (_int_parameter(parameters, key) for key in ("priority", "timeout"))
         except InvalidInput:
-            self.stats.record_failure(0)
+            self.stats.record_failure(0, "OTHER")
             raise
         shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
         outputs = await self.scheduler.submit(inputs, rows, shape_key, priority, timeout_us)

@@ -47,7 +47,8 @@ class VersionStats:
         self.success.add(total_ns)
         self.queue.add(queue_ns)
 
-    def record_failure(self, total_ns: int) -> None:
+    def record_failure(self, total_ns: int, reason: str) -> None:
+        """`reason` as Triton's failure metric labels it: REJECTED, CANCELED, BACKEND or OTHER."""
         self.fail.add(total_ns)
 
     def as_dict(self, name: str, version: int) -> dict:

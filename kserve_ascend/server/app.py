@@ -37,6 +37,34 @@ def build_parser() -> argparse.ArgumentParser:
         default="/mnt/models",
         help="The model repository: <model>/config.pbtxt and <model>/<version>/model.onnx|model.om.",
     )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="A CANN inference-server config.yaml (server ports and models) to serve instead of --model_dir.",
+    )
+    parser.add_argument(
+        "--model_control_mode",
+        choices=("none", "poll", "explicit"),
+        default="none",
+        help="As Triton's: none loads the repository once; poll follows its changes; "
+        "explicit loads and unloads by the repository extension.",
+    )
+    parser.add_argument(
+        "--load_model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="With explicit control, a model to load at start-up (repeatable; '*' for all).",
+    )
+    parser.add_argument(
+        "--metrics_port", type=int, default=9090, help="Port of the Prometheus /metrics endpoint (0: only on the HTTP port)."
+    )
+    parser.add_argument("--log_format", choices=("text", "json"), default="text", help="json: one JSON object per log line.")
+    parser.add_argument(
+        "--enable_tracing",
+        action="store_true",
+        help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
+    )
     return parser
 
 
@@ -100,7 +128,14 @@ def _log_like_kserve() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        from .. import cann_config
+
+        # The file's ports and models become defaults: flags given on the command line still win.
+        parser.set_defaults(**cann_config.parser_defaults(known.config))
+    args = parser.parse_args(argv)
     try:
         repository = Repository(Path(args.model_dir))
     except FileNotFoundError as error:
