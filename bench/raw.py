@@ -20,8 +20,7 @@ from summary import summarize
 
 def ceiling(model_name: str, duration: float, warmup: float, batch_size: int = 0) -> dict:
     model = Model(model_name, REPOSITORY / model_name)
-    if not model.load():
-        raise SystemExit(f"{model_name} did not load: {model.reason}")
+    model.load()  # raises with the reason if it does not
     try:
         version = model.versions[max(model.versions)]
         rows = batch_size or max(version.config.max_batch_size, 1)

@@ -51,7 +51,8 @@ def test_suite_passes_on_real_triton_with_only_known_deviations(tmp_path, report
 
 
 def test_suite_passes_on_kserve_ascend_with_no_deviation(tmp_path, report):
-    run_on(start_server(MODELS, tmp_path / "server.log"), "kserve-ascend", report)
+    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*")
+    run_on(server, "kserve-ascend", report)
     results = outcomes(report, "kserve-ascend")
     assert set(results.values()) <= {"pass", "not declared"}
     assert list(results.values()).count("pass") > 90

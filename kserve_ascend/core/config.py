@@ -123,3 +123,42 @@ def _int64_as_numbers(message, value):
             raw = value[field.name]
             value[field.name] = [int(v) for v in raw] if isinstance(raw, list) else int(raw)
     return value
+
+
+def _string_parameter(config: mc.ModelConfig, key: str) -> str:
+    return config.parameters[key].string_value.strip() if key in config.parameters else ""
+
+
+def expected_sha256(config: mc.ModelConfig, version: int) -> str | None:
+    """The digest `parameters { key: "sha256" }` expects of a version's file, if any.
+
+    The value is one hex digest for every version, or `"1:<hex>,2:<hex>"` per version
+    (a version left out is not checked).
+    """
+    value = _string_parameter(config, "sha256").lower()
+    if not value:
+        return None
+    if ":" not in value:
+        return value
+    try:
+        digests = {int(v): d.strip() for v, d in (item.split(":", 1) for item in value.split(","))}
+    except ValueError:
+        raise ModelLoadError(f"parameter sha256 must be a hex digest or 'version:digest,...', got {value!r}") from None
+    return digests.get(version)
+
+
+def version_weights(config: mc.ModelConfig) -> dict[int, float]:
+    """`parameters { key: "version_weights" value { string_value: "1:90,2:10" } }`: A/B traffic shares.
+
+    Requests that name no version go to the served versions in these proportions.
+    """
+    value = _string_parameter(config, "version_weights")
+    if not value:
+        return {}
+    try:
+        weights = {int(v): float(w) for v, w in (item.split(":", 1) for item in value.split(","))}
+    except ValueError:
+        raise ModelLoadError(f"parameter version_weights must be 'version:weight,...', got {value!r}") from None
+    if any(w < 0 for w in weights.values()) or not sum(weights.values()):
+        raise ModelLoadError(f"parameter version_weights needs non-negative weights, not all zero, got {value!r}")
+    return weights

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import hashlib
 import logging
+import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -131,6 +134,8 @@ class ModelVersion:
         self.config = config
         self.signature = Signature(config)
         self.instances = instances
+        # Set by `load`: the config as read (before completion), the file's stamp and digest.
+        self.source, self.stamp, self.sha256 = b"", (0, 0), ""
         # One thread per instance: device contexts (ACL's) are bound to the thread that uses them.
         self.threads = [ThreadPoolExecutor(1, thread_name_prefix=f"{name}-v{version}-dev{i.runtime.device_id}") for i in instances]
         dynamic = config.dynamic_batching if config.HasField("dynamic_batching") else None
@@ -144,8 +149,17 @@ class ModelVersion:
 
     @classmethod
     def load(cls, config: mc.ModelConfig, model_dir: Path, version: int) -> "ModelVersion":
-        """Loads one version's file on every device of its placement; the config may be completed."""
+        """Loads one version's file on every device of its placement; the config may be completed.
+
+        The file is refused unless its sha256 is the one the config expects (if it names one).
+        """
+        source = config.SerializeToString(deterministic=True)
         path = cfg.model_file(config, model_dir / str(version))
+        stamp = file_stamp(path)
+        sha256 = _sha256(path)
+        expected = cfg.expected_sha256(config, version)
+        if expected and expected != sha256:
+            raise ModelLoadError(f"{path.name} of version {version} has sha256 {sha256}, but the config expects {expected}")
         latency_target_ms = _latency_target_ms(config)
         runtimes: list[Runtime] = []
         try:
@@ -158,7 +172,17 @@ class ModelVersion:
             for runtime in runtimes:
                 runtime.close()
             raise
-        return cls(config.name, version, path, config, [Instance(r, signature) for r in runtimes], latency_target_ms)
+        loaded = cls(config.name, version, path, config, [Instance(r, signature) for r in runtimes], latency_target_ms)
+        loaded.source, loaded.stamp, loaded.sha256 = source, stamp, sha256
+        return loaded
+
+    def unchanged(self, source: bytes, model_dir: Path) -> bool:
+        """Whether this version still is what `source` (a config as read) and its file on disk describe."""
+        try:
+            path = cfg.model_file(mc.ModelConfig.FromString(source), model_dir / str(self.version))
+        except ModelLoadError:
+            return False
+        return source == self.source and path == self.path and file_stamp(path) == self.stamp
 
     @property
     def runtime_info(self) -> dict[str, str]:
@@ -166,6 +190,7 @@ class ModelVersion:
         info = dict(self.instances[0].runtime.info)
         info.pop("device_id", None)
         info["device_ids"] = ",".join(str(i.runtime.device_id) for i in self.instances)
+        info["sha256"] = self.sha256
         return info
 
     async def infer(
@@ -194,12 +219,40 @@ class ModelVersion:
             return {name: outputs[name] for name in output_names}
         return outputs
 
+    async def retire(self) -> None:
+        """Takes the version out of service without losing a request.
+
+        The caller has already stopped handing it requests: this waits until those it holds
+        are answered, then releases its devices off the event loop.
+        """
+        await self.scheduler.drain()
+        self.scheduler.close(ModelNotReady(f"model '{self.name}' version {self.version} was unloaded"))
+        await asyncio.to_thread(self._release)
+        log.info("model '%s' version %d unloaded", self.name, self.version)
+
     def close(self) -> None:
         """Fails queued requests, waits for running batches, then releases every device."""
         self.scheduler.close(ModelNotReady(f"model '{self.name}' version {self.version} was unloaded"))
+        self._release()
+
+    def _release(self) -> None:
         for instance, thread in zip(self.instances, self.threads):
             thread.submit(instance.runtime.close).result()  # after the batch it may be running
             thread.shutdown()
+
+
+def file_stamp(path: Path) -> tuple[int, int]:
+    """Size and modification time: what tells a changed (or still growing) file, cheaply."""
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _int_parameter(parameters: Mapping[str, object], key: str) -> int | None:
@@ -224,63 +277,99 @@ def _latency_target_ms(config: mc.ModelConfig) -> float:
 
 
 class Model:
-    """A model directory of the repository and the versions it serves."""
+    """A model directory of the repository and the versions it serves.
+
+    `load` and `unload` change which versions serve in one assignment of `versions`, so a
+    request sees either the old set or the new one; versions taken out are returned to
+    the caller, who retires them (drains, then releases their devices).
+    """
 
     def __init__(self, name: str, model_dir: Path):
         self.name = name
         self.model_dir = model_dir
         self.config = mc.ModelConfig(name=name)
         self.versions: dict[int, ModelVersion] = {}
+        self.weights: dict[int, float] = {}
         self.state = State.UNAVAILABLE
-        self.reason = "not loaded"
+        self.reason = "unloaded"
+        #: Whether the model is meant to serve (loaded or being loaded): what server readiness waits for.
+        self.requested = False
+        self._choose = random.Random().choices
 
     @property
     def ready(self) -> bool:
         return self.state is State.READY
 
-    def load(self) -> bool:
-        """Loads every version the policy selects (blocking: call it off the event loop).
+    def load(self, override: mc.ModelConfig | None = None) -> list[ModelVersion]:
+        """Serves what the directory (or `override`, a config to use instead of config.pbtxt) describes.
 
-        Never raises for a broken model: the reason is recorded and the model stays UNAVAILABLE.
+        Blocking: call it off the event loop. Versions whose config and file are unchanged
+        go on serving; new or changed ones load beside them. Raises ModelLoadError if any
+        fails, and then whatever served before goes on serving. Returns the versions taken
+        out of service.
         """
-        self.state, self.reason = State.LOADING, "loading"
+        self.requested = True
+        if not self.versions:
+            self.state, self.reason = State.LOADING, "loading"
         loaded: dict[int, ModelVersion] = {}
         try:
-            config = cfg.read_config(self.model_dir)
+            config = mc.ModelConfig()
+            config.CopyFrom(override) if override is not None else config.CopyFrom(cfg.read_config(self.model_dir))
+            config.name = config.name or self.name
+            source = config.SerializeToString(deterministic=True)
+            weights = cfg.version_weights(config)
+            served: dict[int, ModelVersion] = {}
             for version in cfg.select_versions(config, cfg.available_versions(self.model_dir)):
-                version_config = mc.ModelConfig()
-                version_config.CopyFrom(config)
-                loaded[version] = ModelVersion.load(version_config, self.model_dir, version)
+                current = self.versions.get(version)
+                if current is not None and current.unchanged(source, self.model_dir):
+                    served[version] = current
+                else:
+                    served[version] = loaded[version] = ModelVersion.load(mc.ModelConfig.FromString(source), self.model_dir, version)
         except Exception as error:  # any failure of a broken model is its reason, never a crash
             for version in loaded.values():
                 version.close()
-            self.state = State.UNAVAILABLE
-            self.reason = str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
-            log.error("model '%s' failed to load: %s", self.name, self.reason)
-            return False
-        self.versions = loaded
-        self.config = loaded[max(loaded)].config  # completed from the file where config.pbtxt was silent
+            reason = str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
+            if self.versions:
+                self.reason = f"a reload failed, versions {sorted(self.versions)} serve on: {reason}"
+            else:
+                self.state, self.reason = State.UNAVAILABLE, reason
+            log.error("model '%s' failed to load: %s", self.name, reason)
+            raise ModelLoadError(reason) from None
+        retired = [v for number, v in self.versions.items() if served.get(number) is not v]
+        self.weights = weights
+        self.config = served[max(served)].config  # completed from the file where config.pbtxt was silent
+        self.versions = dict(sorted(served.items()))
         self.state, self.reason = State.READY, ""
-        log.info("model '%s' is READY with versions %s", self.name, sorted(loaded))
-        return True
+        if loaded or retired:
+            log.info("model '%s' is READY with versions %s (loaded %s)", self.name, sorted(served), sorted(loaded))
+        return retired
+
+    def unload(self) -> list[ModelVersion]:
+        """Stops serving; returns the versions to retire."""
+        retired = list(self.versions.values())
+        self.versions, self.requested = {}, False
+        self.state, self.reason = State.UNAVAILABLE, "unloaded"
+        return retired
 
     def version(self, version: str | None = None) -> ModelVersion:
-        """The version a request names, or the latest one served."""
+        """The version a request names; else one chosen by `version_weights`, else the latest."""
         if not self.ready:
             raise ModelNotReady(f"model '{self.name}' is not ready: {self.reason}")
+        versions = self.versions
         if not version:
-            return self.versions[max(self.versions)]
+            candidates = [v for v in self.weights if v in versions and self.weights[v]]
+            if candidates:
+                return versions[self._choose(candidates, [self.weights[v] for v in candidates])[0]]
+            return versions[next(reversed(versions))]
         try:
-            return self.versions[int(version)]
+            return versions[int(version)]
         except (ValueError, KeyError):
             # Triton's wording, which clients (and Triton's own examples) match on.
             raise ModelNotFound(
                 f"Request for unknown model: '{self.name}' version {version} is not found"
-                f" (it serves versions {sorted(self.versions)})"
+                f" (it serves versions {sorted(versions)})"
             ) from None
 
     def close(self) -> None:
-        for version in self.versions.values():
+        for version in self.unload():
             version.close()
-        self.versions = {}
-        self.state, self.reason = State.UNAVAILABLE, "unloaded"

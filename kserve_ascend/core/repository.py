@@ -1,15 +1,31 @@
-"""The model repository: one directory per model in Triton's layout.
+"""The model repository: one directory per model in Triton's layout, and the models' lifecycle.
 
     <root>/<model>/config.pbtxt
     <root>/<model>/<version>/model.onnx | model.om | model.sim
+
+Loads and unloads run one at a time per model. A version taken out of service is retired
+after the switch: requests already holding it finish there, new ones go to the new set.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import logging
 from pathlib import Path
+from typing import AsyncIterator
+
+import watchfiles
+from tritonclient.grpc import model_config_pb2 as mc
 
 from .errors import ModelNotFound
-from .model import Model
+from .model import Model, ModelVersion, file_stamp
+
+log = logging.getLogger(__name__)
+
+#: A changed model directory is loaded once its files have kept their size and mtime this long,
+#: so a file still being copied is never loaded.
+SETTLE_S = 1.0
 
 
 class Repository:
@@ -17,10 +33,12 @@ class Repository:
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository {self.root} is not a directory")
-        self.models: dict[str, Model] = {
-            path.name: Model(path.name, path)
-            for path in sorted(self.root.iterdir())
-            if path.is_dir() and not path.name.startswith(".")
+        self.models: dict[str, Model] = {name: Model(name, path) for name, path in self._directories().items()}
+        self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+
+    def _directories(self) -> dict[str, Path]:
+        return {
+            path.name: path for path in sorted(self.root.iterdir()) if path.is_dir() and not path.name.startswith(".")
         }
 
     def get(self, name: str) -> Model:
@@ -32,18 +50,89 @@ class Repository:
 
     @property
     def ready(self) -> bool:
-        """True when every model of the repository is ready (Triton's strict readiness)."""
-        return all(model.ready for model in self.models.values())
+        """True when every model meant to serve is ready (Triton's strict readiness)."""
+        return all(model.ready for model in self.models.values() if model.requested)
 
     def index(self) -> list[dict]:
-        """Triton's repository index: name, version, state and reason of every model."""
+        """Triton's repository index: name, version, state and reason of every model (and each file's sha256)."""
         entries = []
-        for model in self.models.values():
-            if model.versions:
+        for model in list(self.models.values()):
+            versions = dict(model.versions)
+            if versions:
                 entries += [
-                    {"name": model.name, "version": str(v), "state": model.state.value, "reason": model.reason}
-                    for v in sorted(model.versions)
+                    {"name": model.name, "version": str(v), "state": model.state.value, "reason": model.reason, "sha256": served.sha256}
+                    for v, served in versions.items()
                 ]
             else:
                 entries.append({"name": model.name, "state": model.state.value, "reason": model.reason})
         return entries
+
+    async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
+        """Loads (or reloads) a model; raises ModelLoadError, with what served before serving on."""
+        async with self._locks[name]:
+            model = self.models.get(name)
+            if model is None:
+                path = self.root / name
+                if not path.is_dir():
+                    raise ModelNotFound(f"Request for unknown model: '{name}' has no directory in the repository")
+                model = self.models[name] = Model(name, path)
+            await _retire(await asyncio.to_thread(model.load, override))
+
+    async def unload(self, name: str) -> None:
+        """Stops serving a model once the requests it holds are answered."""
+        async with self._locks[name]:
+            await _retire(self.get(name).unload())
+
+    async def remove(self, name: str) -> None:
+        """Unloads a model whose directory is gone and drops it from the index."""
+        async with self._locks[name]:
+            model = self.models.pop(name, None)
+            if model is not None:
+                await _retire(model.unload())
+
+    async def follow(self, stop: asyncio.Event | None = None) -> AsyncIterator[set[str]]:
+        """Poll mode: applies every change of the repository on disk; yields the models it changed.
+
+        A new or changed model directory is (re)loaded once its files have settled; a
+        removed one is unloaded. A model that fails to reload keeps serving what it served.
+        """
+        async for changes in watchfiles.awatch(self.root, stop_event=stop, recursive=True):
+            names = {Path(path).relative_to(self.root).parts[0] for _, path in changes if Path(path) != self.root}
+            names = {n for n in names if not n.startswith(".")}
+            await self._settle(names)
+            present = self._directories()
+            for name in sorted(names):
+                if name not in present:
+                    log.info("model '%s' left the repository", name)
+                    await self.remove(name)
+                    continue
+                try:
+                    await self.load(name)
+                except Exception as error:  # recorded as the model's reason; the others go on
+                    log.error("model '%s' did not reload: %s", name, error)
+            yield names
+
+    async def _settle(self, names: set[str]) -> None:
+        """Waits until no file of these models changes for SETTLE_S."""
+        before = self._stamps(names)
+        while True:
+            await asyncio.sleep(SETTLE_S)
+            after = self._stamps(names)
+            if after == before:
+                return
+            before = after
+
+    def _stamps(self, names: set[str]) -> dict[Path, tuple[int, int]]:
+        stamps = {}
+        for name in names:
+            for path in (self.root / name).rglob("*"):
+                try:
+                    if path.is_file():
+                        stamps[path] = file_stamp(path)
+                except FileNotFoundError:
+                    continue  # removed while looking
+        return stamps
+
+
+async def _retire(versions: list[ModelVersion]) -> None:
+    await asyncio.gather(*(version.retire() for version in versions))

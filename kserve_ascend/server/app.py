@@ -12,6 +12,8 @@ from kserve import model_server
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
 from kserve.protocol.rest.server import RESTServer
 
+from ..core.errors import AscendError
+from ..core.model import Model
 from ..core.repository import Repository
 from . import rest
 from .dataplane import DataPlane
@@ -71,28 +73,56 @@ def build_parser() -> argparse.ArgumentParser:
 class AscendModelServer(kserve.ModelServer):
     """kserve.ModelServer serving a repository whose models load in the background.
 
-    The server is live at once and ready when every model has loaded (Triton's strict
-    readiness), so Kubernetes probes see loading as "live, not ready".
+    The server is live at once and ready when every model meant to serve has loaded
+    (Triton's strict readiness), so Kubernetes probes see loading as "live, not ready".
+    `control_mode` is Triton's: none loads the repository once, poll follows its changes
+    on disk, explicit loads `startup_models` and then what the repository extension asks.
     """
 
-    def __init__(self, repository: Repository, grpc_options: list[tuple[str, int]] | None = None, **kwargs):
+    def __init__(
+        self,
+        repository: Repository,
+        control_mode: str = "none",
+        startup_models: list[str] | None = None,
+        grpc_options: list[tuple[str, int]] | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.grpc_options = grpc_options or []
-        self.ascend_dataplane = DataPlane(repository)
-        self.models = [AscendModel(model) for model in repository.models.values()]
+        self.control_mode = control_mode
+        self.startup_models = startup_models or []
+        self.repository = repository
+        self.ascend_dataplane = DataPlane(repository, explicit_control=control_mode == "explicit")
+        self._registered: dict[str, Model] = {}
+
+    def _register_models(self) -> None:
+        """Each model of the repository as a kserve.Model in KServe's registry (its V1 routes, its tooling)."""
+        for name, model in list(self.repository.models.items()):
+            if self._registered.get(name) is not model:
+                self.register_model(AscendModel(model))
+                self._registered[name] = model
 
     async def _load_models(self) -> None:
-        for model in self.models:
-            await asyncio.to_thread(model.load)
+        names = list(self.repository.models)
+        if self.control_mode == "explicit" and "*" not in self.startup_models:
+            names = self.startup_models
+        for name in names:
+            try:
+                await self.repository.load(name)
+            except AscendError as error:  # the model's reason is in the index; the others load
+                log.error("model '%s' did not load: %s", name, error)
+        self._register_models()
         self.ascend_dataplane.loaded = True
-        log.info("repository loaded: %s", {m.name: m.model.state.value for m in self.models})
+        log.info("repository loaded: %s", {m.name: m.state.value for m in self.repository.models.values()})
+        if self.control_mode == "poll":
+            async for _ in self.repository.follow():
+                self._register_models()
 
     def start(self, models: list | None = None) -> None:
         if self.workers != 1:
             # Every worker process would load its own copy of each model on the NPU and batch alone.
             raise SystemExit("--workers must be 1: scale kserve-ascend with replicas, one process per NPU set")
-        for model in self.models:
-            self.register_model(model)
+        self._register_models()
         self._rest_server = RESTServer(
             FASTAPI_APP_IMPORT_STRING,
             self.dataplane,
@@ -142,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"kserve-ascend: {error}") from None
     server = AscendModelServer(
         repository,
+        control_mode=args.model_control_mode,
+        startup_models=args.load_model,
         grpc_options=[
             ("grpc.max_send_message_length", args.grpc_max_send_message_length),
             ("grpc.max_receive_message_length", args.grpc_max_receive_message_length),

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
 from .. import __version__
 from ..core.config import config_json
+from ..core.errors import InvalidInput, ModelLoadError
 from ..core.model import Model, ModelVersion
 from ..core.repository import Repository
 from .codec import InferRequest
@@ -13,12 +17,15 @@ from .shm import SharedMemoryRegistry
 
 SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_configuration", "statistics", "system_shared_memory"]
+EXTENSIONS = [
+    "binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics", "system_shared_memory",
+]
 
 
 class DataPlane:
-    def __init__(self, repository: Repository):
+    def __init__(self, repository: Repository, explicit_control: bool = False):
         self.repository = repository
+        self.explicit_control = explicit_control  # whether clients may load and unload models
         self.loaded = False  # set once the start-up load of the repository has finished
         self.shm = SharedMemoryRegistry()  # the regions both edges read inputs from and write outputs to
 
@@ -71,6 +78,31 @@ class DataPlane:
 
     def index(self) -> list[dict]:
         return self.repository.index()
+
+    async def load_model(self, name: str, config_json: str | None = None) -> None:
+        """The repository extension's load: (re)loads a model, from `config_json` instead of config.pbtxt if given."""
+        self._check_explicit_control()
+        override = None
+        if config_json is not None:
+            try:
+                override = json_format.Parse(config_json, mc.ModelConfig())
+            except json_format.ParseError as error:
+                raise InvalidInput(f"the 'config' parameter is not a ModelConfig in JSON: {error}") from None
+            if override.name and override.name != name:
+                raise InvalidInput(f"the 'config' parameter names the model '{override.name}', not '{name}'")
+        try:
+            await self.repository.load(name, override)
+        except ModelLoadError as error:
+            # Triton answers 400: the model the client asked for is broken.
+            raise InvalidInput(f"failed to load '{name}': {error}") from None
+
+    async def unload_model(self, name: str) -> None:
+        self._check_explicit_control()
+        await self.repository.unload(name)
+
+    def _check_explicit_control(self) -> None:
+        if not self.explicit_control:
+            raise InvalidInput("explicit model load / unload is not allowed: start the server with --model_control_mode explicit")
 
     async def infer(self, name: str, version: str | None, request: InferRequest) -> tuple[ModelVersion, dict]:
         served = self.repository.get(name).version(version)

@@ -79,7 +79,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         index = self.dataplane.index()
         if request.ready:
             index = [entry for entry in index if entry["state"] == "READY"]
-        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in index])
+        fields = ("name", "version", "state", "reason")  # Triton's ModelIndex has no digest
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**{k: e[k] for k in fields if k in e}) for e in index]
+        )
+
+    @_answers_errors
+    async def RepositoryModelLoad(self, request, context):
+        parameters = request.parameters
+        if any(key.startswith("file:") for key in parameters):
+            raise InvalidInput("file overrides ('file:<path>' parameters) are not supported: put the file in the repository")
+        config = parameters["config"].string_param if "config" in parameters else None
+        await self.dataplane.load_model(request.model_name, config)
+        return pb.RepositoryModelLoadResponse()
+
+    @_answers_errors
+    async def RepositoryModelUnload(self, request, context):
+        await self.dataplane.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
     @_answers_errors
     async def ModelInfer(self, request, context):

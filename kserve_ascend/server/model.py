@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Optional
 
 import kserve
@@ -9,6 +10,7 @@ from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from ..core.datatypes import from_numpy
+from ..core.errors import ModelLoadError
 from ..core.model import Model
 
 
@@ -20,17 +22,26 @@ class AscendModel(kserve.Model):
     """
 
     def __init__(self, model: Model):
-        super().__init__(model.name)
         self.model = model
+        super().__init__(model.name)
+
+    @property
+    def ready(self) -> bool:
+        return self.model.ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        pass  # kserve.Model sets it; the core model's state is the one truth
 
     def load(self) -> bool:
         """Loads every served version (blocking); a broken model stays not ready, with its reason."""
-        self.ready = self.model.load()
-        return self.ready
+        with contextlib.suppress(ModelLoadError):
+            for replaced in self.model.load():
+                replaced.close()
+        return self.model.ready
 
     def stop(self) -> None:
         self.model.close()
-        self.ready = False
 
     async def predict(
         self,

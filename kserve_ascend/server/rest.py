@@ -88,6 +88,23 @@ class RestEndpoints:
     async def repository_index(self, request: Request) -> Response:
         return _json(self.dataplane.index())
 
+    async def load_model(self, request: Request) -> Response:
+        body = await request.body()
+        parameters = (json_object(body) if body else {}).get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidInput("'parameters' must be an object")
+        if any(key.startswith("file:") for key in parameters):
+            raise InvalidInput("file overrides ('file:<path>' parameters) are not supported: put the file in the repository")
+        config = parameters.get("config")
+        if config is not None and not isinstance(config, str):
+            raise InvalidInput("the 'config' parameter must be a string holding the ModelConfig as JSON")
+        await self.dataplane.load_model(request.path_params["model_name"], config)
+        return Response()
+
+    async def unload_model(self, request: Request) -> Response:
+        await self.dataplane.unload_model(request.path_params["model_name"])
+        return Response()
+
     async def infer(self, request: Request) -> Response:
         p = request.path_params
         infer_request = decode_rest(await request.body(), request.headers.get(HEADER_LENGTH), self.dataplane.shm)
@@ -134,6 +151,8 @@ class RestEndpoints:
             ("/v2/health/live", self.live, "GET"),
             ("/v2/health/ready", self.ready, "GET"),
             ("/v2/repository/index", self.repository_index, "POST"),
+            ("/v2/repository/models/{model_name}/load", self.load_model, "POST"),
+            ("/v2/repository/models/{model_name}/unload", self.unload_model, "POST"),
             ("/v2/models/stats", self.statistics, "GET"),
         ]
         for shm, status, register, unregister in (
