@@ -111,6 +111,11 @@ def test_broken_model_unavailable_and_bare_config_auto_completed_in_triton(tmp_p
     copy_model("simple", repository)
     broken = copy_model("simple", repository, "corrupt")
     (broken / "1" / "model.onnx").write_bytes(b"not an onnx graph")
+    # A file whose digest is not the one its config expects is refused as in the KServe server.
+    tampered = copy_model("simple", repository, "tampered")
+    (tampered / "config.pbtxt").write_text(
+        (tampered / "config.pbtxt").read_text() + 'parameters { key: "sha256" value: { string_value: "' + "0" * 64 + '" } }\n'
+    )
     # A config that names only the backend: inputs, outputs and batching come from the file.
     bare = copy_model("simple", repository, "bare")
     (bare / "config.pbtxt").write_text('backend: "ascend"\n')
@@ -135,6 +140,8 @@ def test_broken_model_unavailable_and_bare_config_auto_completed_in_triton(tmp_p
         assert index["simple"]["state"] == "READY"
         assert index["corrupt"]["state"] == "UNAVAILABLE"
         assert "onnxruntime cannot load model.onnx" in index["corrupt"]["reason"]
+        assert index["tampered"]["state"] == "UNAVAILABLE"
+        assert "but the config expects " + "0" * 64 in index["tampered"]["reason"]
         with httpclient.InferenceServerClient(triton.http) as client:
             inputs = {"INPUT0": np.ones((1, 16), np.int32), "INPUT1": np.ones((1, 16), np.int32)}
             assert client.infer("simple", tensors(httpclient, inputs)).as_numpy("OUTPUT0").sum() == 32

@@ -156,16 +156,14 @@ class ModelVersion:
         source = config.SerializeToString(deterministic=True)
         path = cfg.model_file(config, model_dir / str(version))
         stamp = file_stamp(path)
-        sha256 = _sha256(path)
-        expected = cfg.expected_sha256(config, version)
-        if expected and expected != sha256:
-            raise ModelLoadError(f"{path.name} of version {version} has sha256 {sha256}, but the config expects {expected}")
+        sha256 = checked_sha256(config, path, version)
         latency_target_ms = _latency_target_ms(config)
         runtimes: list[Runtime] = []
         try:
             for device_id in cfg.device_placement(config):
                 runtimes.append(load_runtime(config, path, device_id))
             complete_config(config, runtimes[0])
+            cfg.apply_input_shape(config)
             signature = Signature(config)
             check_against_file(signature, runtimes[0])
         except BaseException:
@@ -247,12 +245,17 @@ def file_stamp(path: Path) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def _sha256(path: Path) -> str:
+def checked_sha256(config: mc.ModelConfig, path: Path, version: int) -> str:
+    """The sha256 of a version's file; ModelLoadError unless it is the digest the config expects (if any)."""
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         while chunk := file.read(1 << 20):
             digest.update(chunk)
-    return digest.hexdigest()
+    sha256 = digest.hexdigest()
+    expected = cfg.expected_sha256(config, version)
+    if expected and expected != sha256:
+        raise ModelLoadError(f"{path.name} of version {version} has sha256 {sha256}, but the config expects {expected}")
+    return sha256
 
 
 def _int_parameter(parameters: Mapping[str, object], key: str) -> int | None:

@@ -18,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from kserve_ascend.core import config as cfg
 from kserve_ascend.core.errors import AscendError, InvalidInput
-from kserve_ascend.core.model import Instance, check_against_file, complete_config
+from kserve_ascend.core.model import Instance, check_against_file, checked_sha256, complete_config
 from kserve_ascend.core.runtimes import load_runtime
 from kserve_ascend.core.signature import Signature
 
@@ -81,7 +81,9 @@ class TritonPythonModel:
         config = _model_config(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
         device_id = _instance_device(config, args)
-        runtime = load_runtime(config, cfg.model_file(config, version_dir), device_id)
+        path = cfg.model_file(config, version_dir)
+        checked_sha256(config, path, int(args["model_version"]))  # refuses a file the config does not expect
+        runtime = load_runtime(config, path, device_id)
         pb_utils.Logger.log_info(
             f"{args['model_instance_name']}: {runtime.path.name} with runtime {runtime.name} on device {device_id}"
         )
