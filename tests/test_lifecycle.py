@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import signal
 import threading
 import time
 from collections import Counter
@@ -175,6 +176,12 @@ def test_poll_picks_up_new_models_and_drops_removed_ones(poll_server):
     response = infer(server.url, "simple_copy")
     assert response.status_code == 404, response.text
     assert infer(server.url).status_code == 200
+
+
+def test_a_polling_server_stops_on_sigterm(poll_server):
+    server, _ = poll_server
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=15) == 0  # the watch ends with the servers, nothing holds the exit
 
 
 def test_load_and_unload_are_refused_unless_control_is_explicit(poll_server):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
@@ -24,6 +25,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from . import tracing
 from .adaptive import AdaptiveBatchLimit
 from .errors import InvalidInput, ModelNotReady, Unavailable
 from .stats import VersionStats
@@ -44,6 +46,8 @@ class Pending:
     shape_key: tuple = field(default=())
     level: int = 0
     timer: asyncio.TimerHandle | None = None
+    #: Its `queue` span, while tracing.
+    span: tracing.Span | None = None
 
 
 class QueuePolicy:
@@ -210,13 +214,23 @@ class BatchQueue:
 
 
 class Scheduler:
-    """Feeds the batches of one queue to a pool of instances (one per runner)."""
+    """Feeds the batches of one queue to a pool of instances (one per runner).
 
-    def __init__(self, runners: Sequence[BatchRunner], executors: Sequence, queue: BatchQueue, stats: VersionStats | None = None):
+    `span_attributes`: per instance, what its `execute` spans say (model, version, device).
+    """
+
+    def __init__(
+        self,
+        runners: Sequence[BatchRunner],
+        executors: Sequence,
+        queue: BatchQueue,
+        stats: VersionStats | None = None,
+        span_attributes: Sequence[Mapping[str, object]] = (),
+    ):
         self.queue = queue
         self.stats = stats if stats is not None else VersionStats()
         self._idle: asyncio.Queue = asyncio.Queue()
-        for instance in zip(runners, executors):
+        for instance in zip(runners, executors, span_attributes or itertools.repeat({})):
             self._idle.put_nowait(instance)
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
@@ -225,9 +239,10 @@ class Scheduler:
         self._answered_all = asyncio.Event()
 
     def _ensure_started(self) -> None:
-        # Started lazily so a model can be loaded off the event loop (in a thread).
+        # Started lazily so a model can be loaded off the event loop (in a thread), in a context
+        # of its own: it outlives the request that starts it, whose id and span are not its own.
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._dispatch())
+            self._task = asyncio.get_running_loop().create_task(self._dispatch(), context=contextvars.Context())
 
     async def submit(
         self,
@@ -246,6 +261,8 @@ class Scheduler:
             self.stats.record_failure(0, "REJECTED")
             raise
         self.outstanding += 1
+        if tracing.enabled:
+            pending.span = tracing.start_queue()
         try:
             return await pending.future
         except Exception as error:
@@ -254,6 +271,8 @@ class Scheduler:
             self.stats.record_failure(_ns(loop.time() - pending.arrival), reason)
             raise
         finally:
+            if pending.span is not None:
+                tracing.leave_queue(pending.span)  # if it never joined a batch
             self.outstanding -= 1
             if not self.outstanding:
                 self._answered_all.set()
@@ -282,12 +301,13 @@ class Scheduler:
             task.add_done_callback(self._running.discard)
 
     async def _execute(self, instance, batch: list[Pending]) -> None:
-        runner, executor = instance
+        runner, executor, span_attributes = instance
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.executing += len(batch)
         try:
-            results = await loop.run_in_executor(executor, runner, [pending.inputs for pending in batch])
+            with tracing.execution(batch, span_attributes):
+                results = await loop.run_in_executor(executor, runner, [pending.inputs for pending in batch])
         except Exception as error:  # a failed execution fails every request in it, and only those
             for pending in batch:
                 if not pending.future.done():

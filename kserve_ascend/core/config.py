@@ -162,3 +162,29 @@ def version_weights(config: mc.ModelConfig) -> dict[int, float]:
     if any(w < 0 for w in weights.values()) or not sum(weights.values()):
         raise ModelLoadError(f"parameter version_weights needs non-negative weights, not all zero, got {value!r}")
     return weights
+
+
+def apply_input_shape(config: mc.ModelConfig) -> None:
+    """`parameters { key: "input_shape" value { string_value: "1,3,640,640" } }`: every input's shape, batch first.
+
+    The CANN config.yaml declares a shape but names no tensor, so this runs once the
+    config is completed from the model file: a fixed dimension must agree, a variable
+    one takes the declared size (requests are then held to it). When the model batches,
+    the first dimension is the batch, which max_batch_size governs.
+    """
+    value = _string_parameter(config, "input_shape")
+    if not value:
+        return
+    try:
+        shape = [int(d) for d in value.split(",")]
+    except ValueError:
+        raise ModelLoadError(f"parameter input_shape must be comma-separated integers, got {value!r}") from None
+    batch = [-1] if config.max_batch_size > 0 else []
+    declared = shape[len(batch):]
+    for tensor in config.input:
+        dims = list(tensor.dims)
+        if len(dims) != len(declared) or any(a != b and -1 not in (a, b) for a, b in zip(dims, declared)):
+            raise ModelLoadError(
+                f"input_shape {shape} does not fit input '{tensor.name}' of shape {batch + dims} (batch dimension first)"
+            )
+        tensor.dims[:] = [b if a == -1 else a for a, b in zip(dims, declared)]

@@ -15,6 +15,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import config as cfg
+from . import tracing
 from .batching import BatchQueue, Scheduler
 from .datatypes import to_config
 from .errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
@@ -145,6 +146,7 @@ class ModelVersion:
             self.threads,
             BatchQueue(config.max_batch_size, dynamic, latency_target_ms),
             self.stats,
+            [tracing.instance_attributes(name, version, i.runtime.device_id) for i in instances],
         )
 
     @classmethod
@@ -203,14 +205,11 @@ class ModelVersion:
         and `timeout` (microseconds in the queue, where the queue policy allows it).
         """
         parameters = parameters or {}
-        try:
-            rows = self.signature.check_inputs(inputs)
-            if output_names:
-                self.signature.check_outputs(output_names)
-            priority, timeout_us = (_int_parameter(parameters, key) for key in ("priority", "timeout"))
-        except InvalidInput:
-            self.stats.record_failure(0, "OTHER")
-            raise
+        # A malformed request never reaches the model: as in Triton, no statistic counts it.
+        rows = self.signature.check_inputs(inputs)
+        if output_names:
+            self.signature.check_outputs(output_names)
+        priority, timeout_us = (_int_parameter(parameters, key) for key in ("priority", "timeout"))
         shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
         outputs = await self.scheduler.submit(inputs, rows, shape_key, priority, timeout_us)
         if output_names:

@@ -1,14 +1,26 @@
-"""Per-version inference statistics with the fields of Triton's statistics extension.
+"""Per-version inference statistics: Triton's statistics extension, and what metrics add to it.
 
 Updated only on the event loop (by the scheduler), so no locking. The scheduler times
 an execution from dispatch to completion, so `compute_infer` includes assembling and
 splitting the batch; `compute_input` and `compute_output` are not measured apart.
+
+A reader on another thread (a metrics scrape) copies a container before walking it
+(`list(...)` of a dict or list is atomic in CPython); it may see a request counted in
+one field and not yet in the next, which the following scrape settles.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
+
+#: Why a request failed, as Triton's `nv_inference_request_failure` labels it.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+#: Upper bounds of the request latency histogram, seconds: a small model's millisecond to a large batch's seconds.
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LATENCY_BOUNDS_NS = tuple(round(bound * 1e9) for bound in LATENCY_BUCKETS_S)
 
 
 @dataclass
@@ -35,6 +47,11 @@ class VersionStats:
     compute_infer: Duration = field(default_factory=Duration)
     #: batch size -> compute time of the executions of that size
     batches: dict[int, Duration] = field(default_factory=dict)
+    #: successful requests by latency: [i] counts those above LATENCY_BUCKETS_S[i - 1] and
+    #: at most LATENCY_BUCKETS_S[i] (the last slot: above every bound); `success` has their sum
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BOUNDS_NS) + 1))
+    #: failed requests by reason (FAILURE_REASONS)
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
 
     def record_execution(self, rows: int, requests: int, compute_ns: int) -> None:
         self.execution_count += 1
@@ -46,10 +63,12 @@ class VersionStats:
     def record_success(self, total_ns: int, queue_ns: int) -> None:
         self.success.add(total_ns)
         self.queue.add(queue_ns)
+        self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total_ns)] += 1
 
     def record_failure(self, total_ns: int, reason: str) -> None:
         """`reason` as Triton's failure metric labels it: REJECTED, CANCELED, BACKEND or OTHER."""
         self.fail.add(total_ns)
+        self.failures[reason] += 1
 
     def as_dict(self, name: str, version: int) -> dict:
         zero = Duration().as_dict()

@@ -12,10 +12,11 @@ from kserve import model_server
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
 from kserve.protocol.rest.server import RESTServer
 
+from ..core import tracing
 from ..core.errors import AscendError
 from ..core.model import Model
 from ..core.repository import Repository
-from . import rest
+from . import logs, metrics, rest
 from .dataplane import DataPlane
 from .grpc import GrpcServer
 from .model import AscendModel
@@ -85,13 +86,16 @@ class AscendModelServer(kserve.ModelServer):
         control_mode: str = "none",
         startup_models: list[str] | None = None,
         grpc_options: list[tuple[str, int]] | None = None,
+        metrics_port: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.grpc_options = grpc_options or []
+        self.metrics_port = metrics_port
         self.control_mode = control_mode
         self.startup_models = startup_models or []
         self.repository = repository
+        self._stopping = asyncio.Event()  # ends poll mode's watch, so shutdown is not held up by it
         self.ascend_dataplane = DataPlane(repository, explicit_control=control_mode == "explicit")
         self._registered: dict[str, Model] = {}
 
@@ -115,14 +119,20 @@ class AscendModelServer(kserve.ModelServer):
         self.ascend_dataplane.loaded = True
         log.info("repository loaded: %s", {m.name: m.state.value for m in self.repository.models.values()})
         if self.control_mode == "poll":
-            async for _ in self.repository.follow():
+            async for _ in self.repository.follow(self._stopping):
                 self._register_models()
+
+    def stop(self, sig: int) -> None:
+        # A signal handler, run on the loop's thread between two steps: set the event from the loop.
+        asyncio.get_running_loop().call_soon(self._stopping.set)
+        super().stop(sig)
 
     def start(self, models: list | None = None) -> None:
         if self.workers != 1:
             # Every worker process would load its own copy of each model on the NPU and batch alone.
             raise SystemExit("--workers must be 1: scale kserve-ascend with replicas, one process per NPU set")
         self._register_models()
+        metrics.register(self.repository, self.metrics_port)
         self._rest_server = RESTServer(
             FASTAPI_APP_IMPORT_STRING,
             self.dataplane,
@@ -149,12 +159,14 @@ class AscendModelServer(kserve.ModelServer):
             self.ascend_dataplane.shm.close()  # unmaps the regions clients left registered
 
 
-def _log_like_kserve() -> None:
-    """This package logs through the handlers KServe configured, at INFO."""
+def _log_like_kserve(log_format: str) -> None:
+    """This package logs through the handlers KServe configured, at INFO; every line names its request."""
     ascend = logging.getLogger("kserve_ascend")
     ascend.setLevel(logging.INFO)
+    ascend.propagate = False  # written once, by KServe's handlers, not again by the root's (json)
     for handler in logging.getLogger("kserve").handlers:
         ascend.addHandler(handler)
+    logs.configure(log_format)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             ("grpc.max_send_message_length", args.grpc_max_send_message_length),
             ("grpc.max_receive_message_length", args.grpc_max_receive_message_length),
         ],
+        metrics_port=args.metrics_port,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=args.workers,
@@ -192,5 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
     )
-    _log_like_kserve()
+    _log_like_kserve(args.log_format)
+    if args.enable_tracing:
+        tracing.enable()
     server.start()

@@ -11,7 +11,9 @@ from grpc import aio
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from ..core import tracing
 from ..core.errors import AscendError, InvalidInput
+from . import logs
 from .codec import decode_grpc, encode_grpc
 from .dataplane import DataPlane
 from .errors import grpc_code
@@ -20,11 +22,24 @@ from .shm import CUDA_SHM_UNSUPPORTED
 log = logging.getLogger(__name__)
 
 
+def _header(context: aio.ServicerContext, key: str) -> str | None:
+    return next((value for name, value in context.invocation_metadata() or () if name == key), None)
+
+
+def _trace_carrier(context: aio.ServicerContext) -> dict[str, str] | None:
+    """The call's metadata, where a client's `traceparent` travels; read only while tracing."""
+    return dict(context.invocation_metadata() or ()) if tracing.enabled else None
+
+
 def _answers_errors(rpc):
-    """Aborts the call with the code of a core error; the server goes on serving."""
+    """Aborts the call with the code of a core error; the server goes on serving.
+
+    Also starts the call's log context, named by its `x-request-id` metadata if it has one.
+    """
 
     @functools.wraps(rpc)
     async def wrapper(self, request, context: aio.ServicerContext):
+        logs.begin_request(_header(context, "x-request-id"))
         try:
             return await rpc(self, request, context)
         except AscendError as error:
@@ -100,9 +115,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def ModelInfer(self, request, context):
-        infer_request = decode_grpc(request, self.dataplane.shm)
-        served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
-        return encode_grpc(served.name, served.version, infer_request, outputs)
+        return await self._infer(request, context)
+
+    async def _infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> pb.ModelInferResponse:
+        if request.id:
+            logs.begin_request(request.id)  # the OIP id names the request ahead of the metadata
+        with tracing.infer_span(request.model_name, _trace_carrier(context), logs.request_id) as span:
+            infer_request = decode_grpc(request, self.dataplane.shm)
+            served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
+            if span is not None:
+                span.set_attribute(tracing.MODEL_VERSION, served.version)
+            return encode_grpc(served.name, served.version, infer_request, outputs)
 
     @_answers_errors
     async def SystemSharedMemoryStatus(self, request, context):
@@ -135,13 +158,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Each request of the stream answered in order; an error travels in its response, the stream goes on."""
+        stream_id = _header(context, "x-request-id")
         async for request in request_iterator:
+            logs.begin_request(stream_id)
             try:
-                infer_request = decode_grpc(request, self.dataplane.shm)
-                served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
-                yield pb.ModelStreamInferResponse(infer_response=encode_grpc(served.name, served.version, infer_request, outputs))
+                response = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
             except AscendError as error:
-                yield pb.ModelStreamInferResponse(error_message=str(error))
+                (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
+                response = pb.ModelStreamInferResponse(error_message=str(error))
+            yield response
 
 
 class GrpcServer:

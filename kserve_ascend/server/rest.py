@@ -16,7 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from ..core import tracing
 from ..core.errors import AscendError, InvalidInput
+from . import logs
 from .codec import HEADER_LENGTH, decode_rest, encode_rest, json_object
 from .dataplane import DataPlane
 from .errors import http_status
@@ -36,10 +38,14 @@ def _error(message: str, status: int) -> Response:
 
 
 def _answers_errors(endpoint):
-    """Turns a core error into `{"error": ...}` with its status; the server goes on serving."""
+    """Turns a core error into `{"error": ...}` with its status; the server goes on serving.
+
+    Also starts the request's log context, named by its `x-request-id` header if it has one.
+    """
 
     @functools.wraps(endpoint)
     async def wrapper(request: Request) -> Response:
+        logs.begin_request(request.headers.get("x-request-id"))
         try:
             return await endpoint(request)
         except AscendError as error:
@@ -107,9 +113,14 @@ class RestEndpoints:
 
     async def infer(self, request: Request) -> Response:
         p = request.path_params
-        infer_request = decode_rest(await request.body(), request.headers.get(HEADER_LENGTH), self.dataplane.shm)
-        served, outputs = await self.dataplane.infer(p["model_name"], p.get("model_version"), infer_request)
-        body, header_length = encode_rest(served.name, served.version, infer_request, outputs)
+        with tracing.infer_span(p["model_name"], request.headers, logs.request_id) as span:
+            infer_request = decode_rest(await request.body(), request.headers.get(HEADER_LENGTH), self.dataplane.shm)
+            if infer_request.id:
+                logs.begin_request(infer_request.id)  # the OIP id names the request ahead of the header
+            served, outputs = await self.dataplane.infer(p["model_name"], p.get("model_version"), infer_request)
+            if span is not None:
+                span.set_attribute(tracing.MODEL_VERSION, served.version)
+            body, header_length = encode_rest(served.name, served.version, infer_request, outputs)
         if header_length is None:
             return Response(body, media_type=JSON)
         return Response(

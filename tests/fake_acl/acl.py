@@ -19,6 +19,8 @@ What it adds for tests:
   * `fake_calls()`: every call in order, with its arguments and what it returned;
   * allocation tracking (`fake_mallocs()`, `fake_device_memory()`, `fake_leaks()`);
   * error injection (`fake_inject(name, ret)`): the named call fails with that code;
+  * device utilization (`acl.rt.get_device_utilization_rate`) reads FAKE_UTILIZATION, or
+    what `fake_set_utilization(device_id, ...)` set;
   * stricter order checks than the real runtime (destroying a context that still has
     streams, resetting a device that still has contexts, finalizing with a device set):
     they return ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED instead of cleaning up implicitly.
@@ -80,6 +82,16 @@ ITEM_SIZES = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8
 
 DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"
 _GEAR_INPUT_SIZE = 8  # the fake stores the gear there as one uint64
+
+#: What acl.rt.get_device_utilization_rate reports unless fake_set_utilization says otherwise:
+#: an Atlas 300 inference card (no Vector unit, memory rate reserved: both -1) with its Cube 37% busy.
+FAKE_UTILIZATION = {
+    "cube_utilization": 37,
+    "vector_utilization": -1,
+    "aicpu_utilization": 0,
+    "memory_utilization": -1,
+    "utilization_extend": 0,
+}
 
 Call = namedtuple("Call", "name args result")
 
@@ -166,6 +178,7 @@ class _State:
         self.descs: dict[int, int | None] = {}  # desc -> model id it describes
         self.datasets: dict[int, list[int]] = {}  # dataset -> data buffers
         self.data_buffers: dict[int, tuple[int, int]] = {}  # data buffer -> (address, size)
+        self.utilization: dict[int, dict] = {}  # device id -> what get_device_utilization_rate reports
         self.handles = itertools.count(0x1000, 0x10)
         self.model_ids = itertools.count(1)
         self.next_address = {"device": 0x7F0000000000, "host": 0x550000000000}
@@ -206,6 +219,12 @@ def fake_inject(
     """
     with _state.lock:
         _state.injected[name] = [ACL_SUCCESS] * after + [ret] * times
+
+
+def fake_set_utilization(device_id: int, **rates: int) -> None:
+    """Rates (`cube_utilization=90`, ...) acl.rt.get_device_utilization_rate reports for a device."""
+    with _state.lock:
+        _state.utilization[device_id] = {**FAKE_UTILIZATION, **rates}
 
 
 def fake_mallocs() -> list[tuple[int, int, int]]:
@@ -536,6 +555,14 @@ def _memcpy(dst: int, dest_max: int, src: int, count: int, kind: int):
     target.memory[at : at + count] = source.memory[frm : frm + count]
 
 
+@_api("acl.rt.get_device_utilization_rate", "pair")
+def _get_device_utilization_rate(device_id: int):
+    _require_init()
+    if not _state.devices[device_id]:
+        raise _Fail(ACL_ERROR_RT_INVALID_DEVICEID, f"device {device_id} is not set (fake: stricter)")
+    return dict(_state.utilization.get(device_id, FAKE_UTILIZATION))
+
+
 rt.set_device = _set_device
 rt.reset_device = _reset_device
 rt.create_context = _create_context
@@ -546,6 +573,7 @@ rt.destroy_stream = _destroy_stream
 rt.malloc = _malloc
 rt.free = _free
 rt.memcpy = _memcpy
+rt.get_device_utilization_rate = _get_device_utilization_rate
 
 
 # ---- acl.util ----------------------------------------------------------------------------------

@@ -350,6 +350,25 @@ class AclRuntime(Runtime):
             "max_batch_size": str(self.max_batch_size),
         }
 
+    def utilization(self) -> float | None:
+        """AI Core utilization: the busier of its Cube and Vector units, per pyACL.
+
+        `acl.rt.get_device_utilization_rate(device_id)` returns `(info, ret)`, `info` a dict of
+        percentages (`cube_utilization`, `vector_utilization`, `aicpu_utilization`,
+        `memory_utilization`); a unit the chip lacks reads -1 (Atlas 300 inference
+        cards have no Vector).
+        It names the device, not a context, so any thread may ask.
+        """
+        query = getattr(self._acl.rt, "get_device_utilization_rate", None)
+        if self._closed or query is None:  # unloaded, or a pyACL that predates the call
+            return None
+        info, ret = query(self.device_id)
+        if ret != ACL_SUCCESS:
+            return None
+        rates = [info.get(unit, -1) for unit in ("cube_utilization", "vector_utilization")]
+        busiest = max(rates)
+        return float(busiest) if busiest >= 0 else None
+
     def run(
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:

@@ -2,8 +2,8 @@
 
 A runtime knows nothing of requests, batching or protocols: it takes a dict of numpy
 arrays whose first dimension is the batch and returns a dict of numpy arrays.
-Every method is called from the single thread that owns the instance (device
-contexts such as ACL's are bound to a thread), never from the event loop.
+Every method but `utilization` is called from the single thread that owns the instance
+(device contexts such as ACL's are bound to a thread), never from the event loop.
 """
 
 from __future__ import annotations
@@ -69,6 +69,14 @@ class Runtime(ABC):
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:
         """Runs one batch: every input has the batch as dimension 0 (when the model batches)."""
+
+    def utilization(self) -> float | None:
+        """How busy this runtime's device is, in percent; None when the runtime cannot tell.
+
+        Unlike the other methods, called from any thread (a metrics scrape): an
+        implementation asks about the device, never through the instance's context.
+        """
+        return None
 
     def close(self) -> None:
         """Releases the device resources. Idempotent."""
