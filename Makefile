@@ -37,6 +37,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	command -v hey >/dev/null || apt-get install -y -qq hey || { apt-get update -qq && apt-get install -y -qq hey; }
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+	$(BIN)/python bench/detect.py
 
 # Regenerates the committed model files from seeded weights.
 models: $(STAMP)

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import copy_model, start_triton, stop_server
 
-MODELS = ("sim", "simple", "yolov8n")
+MODELS = ("sim", "simple", "yolov8n", "yolov8n_detect")
 
 
 def tensors(module, inputs: dict[str, np.ndarray]):

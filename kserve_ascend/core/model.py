@@ -135,6 +135,7 @@ class ModelVersion:
         self.config = config
         self.signature = Signature(config)
         self.instances = instances
+        self._prepare_request = instances[0].runtime.prepare_request
         # Set by `load`: the config as read (before completion), the file's stamp and digest.
         self.source, self.stamp, self.sha256 = b"", (0, 0), ""
         # One thread per instance: device contexts (ACL's) are bound to the thread that uses them.
@@ -209,6 +210,8 @@ class ModelVersion:
         rows = self.signature.check_inputs(inputs)
         if output_names:
             self.signature.check_outputs(output_names)
+        if self._prepare_request is not None:
+            inputs = self._prepare_request(inputs, parameters)
         priority, timeout_us = (_int_parameter(parameters, key) for key in ("priority", "timeout"))
         shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
         outputs = await self.scheduler.submit(inputs, rows, shape_key, priority, timeout_us)

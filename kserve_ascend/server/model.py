@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import kserve
-from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+from starlette.exceptions import HTTPException
 
+from . import v1
 from ..core.datatypes import from_numpy
-from ..core.errors import ModelLoadError
+from ..core.errors import AscendError, ModelLoadError
 from ..core.model import Model
+from .errors import http_status
 
 
 class AscendModel(kserve.Model):
     """A model of the repository (all its served versions) behind KServe's Model interface.
 
     The OIP edges of this server call the core directly; `predict` serves KServe's own
-    data plane, so the model also works wherever KServe hands it an InferRequest.
+    data plane: its V1 routes (`POST /v1/models/{m}:predict`, see `v1`) and wherever
+    KServe hands the model an InferRequest.
     """
 
     def __init__(self, model: Model):
@@ -50,8 +54,10 @@ class AscendModel(kserve.Model):
         response_headers: Optional[Dict[str, str]] = None,
     ) -> InferResponse:
         if not isinstance(payload, InferRequest):
-            # KServe's V1 routes hand over the raw body; this model speaks OIP v2 only.
-            raise InvalidInput(f"model '{self.name}' takes Open Inference Protocol v2 requests: POST /v2/models/{self.name}/infer")
+            try:
+                return await self._predict_v1(payload)
+            except AscendError as error:  # answered as the OIP routes answer it
+                raise HTTPException(http_status(error), str(error)) from None
         served = self.model.version(payload.model_version)
         outputs = await served.infer({i.name: i.as_numpy() for i in payload.inputs})
         infer_outputs = []
@@ -65,3 +71,22 @@ class AscendModel(kserve.Model):
             model_version=str(served.version),
             infer_outputs=infer_outputs,
         )
+
+    async def _predict_v1(self, body: Any) -> dict:
+        """A V1 body through the core: columns in one request; rows stacked into one request when the
+        model batches, else each row a request of its own (an image per detection request)."""
+        layout, value, parameters = v1.parse(body)
+        served = self.model.version()
+        signature = served.signature
+        # JSON lists <-> arrays cost milliseconds for an image (1.2 million numbers): off the event loop.
+        if layout == "inputs":
+            inputs = await asyncio.to_thread(v1.inputs, v1.named(value, signature, '"inputs"'), signature)
+            return await asyncio.to_thread(v1.columns, await served.infer(inputs, None, parameters))
+        if signature.batching:
+            outputs = await served.infer(await asyncio.to_thread(v1.rows, value, signature), None, parameters)
+            return {"predictions": await asyncio.to_thread(v1.predictions, outputs)}
+        requests = [
+            await asyncio.to_thread(v1.inputs, v1.named(row, signature, f"instance {i}"), signature) for i, row in enumerate(value)
+        ]
+        answers = await asyncio.gather(*(served.infer(inputs, None, parameters) for inputs in requests))
+        return {"predictions": await asyncio.to_thread(lambda: [v1.columns(outputs)["outputs"] for outputs in answers])}

@@ -95,6 +95,7 @@ class TritonPythonModel:
             raise
         self.instance = Instance(runtime, self.signature)
         self.outputs = list(self.signature.outputs)
+        self.prepare_request = runtime.prepare_request
 
     def execute(self, requests: list) -> list:
         """Runs the requests Triton's batcher gathered as one batch; a bad request fails alone."""
@@ -108,6 +109,8 @@ class TritonPythonModel:
                     if tensor is not None:
                         inputs[name] = tensor.as_numpy()
                 self.signature.check_inputs(inputs)
+                if self.prepare_request is not None:
+                    inputs = self.prepare_request(inputs, json.loads(request.parameters() or "{}"))
             except InvalidInput as error:
                 responses[position] = _error(error, pb_utils.TritonError.INVALID_ARG)
                 continue
@@ -119,8 +122,10 @@ class TritonPythonModel:
                 results = self.instance.run_batch(batch)
             except AscendError as error:
                 results = None
+                # InvalidInput here: data only the model could judge (an image that does not decode).
+                code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidInput) else pb_utils.TritonError.INTERNAL
                 for position in positions:
-                    responses[position] = _error(error, pb_utils.TritonError.INTERNAL)
+                    responses[position] = _error(error, code)
             if results is not None:
                 for position, outputs, names in zip(positions, results, wanted):
                     tensors = [pb_utils.Tensor(n, np.ascontiguousarray(outputs[n])) for n in names]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -38,6 +38,12 @@ class Runtime(ABC):
 
     #: Name used by `parameters { key: "runtime" }` and shown in model metadata.
     name: str = ""
+
+    #: `prepare_request(inputs, parameters) -> inputs`, for a runtime that checks more than the
+    #: config can say or takes request `parameters`: called once a request's inputs passed the
+    #: signature, before it is queued (so a mistake of the client's is an InvalidInput, a 400);
+    #: what it returns is what `run` receives. None (no such check) costs a request nothing.
+    prepare_request: Callable[[Mapping[str, np.ndarray], Mapping[str, object]], Mapping[str, object]] | None = None
 
     def __init__(self, path: Path, device_id: int, config: mc.ModelConfig):
         self.path = path

@@ -1,0 +1,1 @@
+"""Pre- and post-processing around a model: pure numpy (and Pillow for decoding), no device, no protocol."""
