@@ -46,6 +46,9 @@ REST_CASES = {
     "input without name": ("/v2/models/simple/infer", {"inputs": [{"shape": [1], "datatype": "INT32", "data": [1]}]}, 400, "has no 'name'"),
     "bad shape": ("/v2/models/simple/infer", with_input(shape=[1, "16"]), 400, "'shape' of input 'INPUT0'"),
     "negative shape": ("/v2/models/simple/infer", with_input(shape=[-1, 16]), 400, "'shape' of input 'INPUT0'"),
+    # Past numpy's limits (found by test_fuzz.py): the codec must refuse them before reshaping.
+    "rank past numpy's": ("/v2/models/simple/infer", with_input(shape=[1] * 33, data=[1]), 400, "33 dimensions"),
+    "empty but too large": ("/v2/models/simple/infer", with_input(shape=[0, 2**62, 2**62], data=[]), 400, "larger than a tensor"),
     "unknown datatype": ("/v2/models/simple/infer", with_input(datatype="INT33"), 400, "'datatype' of input 'INPUT0'"),
     "wrong datatype": ("/v2/models/simple/infer", with_input(datatype="FP32"), 400, "has datatype FP32, the model expects INT32"),
     "floats for INT32": ("/v2/models/simple/infer", with_input(data=[0.5] * 16), 400, "not INT32"),
@@ -167,6 +170,16 @@ def _typed_wrong_count(request):
         tensor.contents.int_contents.extend([1] * 15)
 
 
+def _rank_past_numpy(request):
+    request.inputs[0].shape[:] = [1] * 33
+    request.raw_input_contents[0] = bytes(4)
+
+
+def _empty_but_too_large(request):
+    request.inputs[0].shape[:] = [0, 2**62, 2**62]
+    request.raw_input_contents[0] = b""
+
+
 def _unknown_output(request):
     request.outputs.add(name="NOPE")
 
@@ -185,6 +198,8 @@ GRPC_CASES = {
     "short raw contents": ({"x": _short_raw}, grpclib.StatusCode.INVALID_ARGUMENT),
     "typed and raw contents": ({"x": _typed_and_raw}, grpclib.StatusCode.INVALID_ARGUMENT),
     "typed contents count": ({"x": _typed_wrong_count}, grpclib.StatusCode.INVALID_ARGUMENT),
+    "rank past numpy's": ({"x": _rank_past_numpy}, grpclib.StatusCode.INVALID_ARGUMENT),
+    "empty but too large": ({"x": _empty_but_too_large}, grpclib.StatusCode.INVALID_ARGUMENT),
     "unknown requested output": ({"x": _unknown_output}, grpclib.StatusCode.INVALID_ARGUMENT),
     "oversized batch": ({"x": _oversized}, grpclib.StatusCode.INVALID_ARGUMENT),
 }
@@ -229,4 +244,16 @@ def test_kserve_v1_predict_is_a_client_error_not_a_crash(server):
     response = requests.post(f"{server.url}/v1/models/simple:predict", json={"instances": [[1, 2]]})
     assert response.status_code == 400
     assert "must name its inputs" in response.json()["error"]
+    assert_still_serves(server)
+
+
+def test_shared_memory_key_with_nul_is_a_client_error(server, stub):
+    # Found by test_fuzz.py: the NUL reached os.open, whose ValueError answered 500 / UNKNOWN.
+    url = f"{server.url}/v2/systemsharedmemory/region/r/register"
+    response = requests.post(url, json={"key": "/a\0b", "byte_size": 8})
+    assert response.status_code == 400, response.text
+    assert "'key' of shared memory region 'r'" in response.json()["error"]
+    with pytest.raises(grpclib.RpcError) as raised:
+        stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(name="r", key="/a\0b", byte_size=8))
+    assert raised.value.code() == grpclib.StatusCode.INVALID_ARGUMENT, raised.value.details()
     assert_still_serves(server)

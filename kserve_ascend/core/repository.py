@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from pathlib import Path
 from typing import AsyncIterator
 
 import watchfiles
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import ModelNotFound
+from .errors import InvalidInput, ModelNotFound
 from .model import Model, ModelVersion, file_stamp
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,28 @@ class Repository:
         try:
             return self.models[name]
         except KeyError:
+            self.check_name(name)  # only now: a served model's name is a directory's, valid by construction
             # Triton's wording, which clients (and Triton's own examples) match on.
             raise ModelNotFound(f"Request for unknown model: '{name}' is not found") from None
+
+    def check_name(self, name: str) -> None:
+        """Raises InvalidInput unless `name` can only mean a directory directly under the repository.
+
+        Clients name models in URLs and messages, so `..`, separators, hidden and
+        over-long names are refused before the name comes near a path. Symbolic links
+        the operator put in the repository are followed, as Triton does.
+        """
+        if (
+            not name
+            or name.startswith(".")
+            or any(c in name for c in "/\\\0")
+            or len(os.fsencode(name)) > 255  # NAME_MAX
+            or os.path.dirname(os.path.abspath(self.root / name)) != os.path.abspath(self.root)
+        ):
+            raise InvalidInput(
+                f"invalid model name {name[:100]!r}: a model is named by one directory of the repository "
+                "(no '/', '\\', leading '.', or more than 255 bytes)"
+            )
 
     @property
     def ready(self) -> bool:
@@ -69,17 +90,19 @@ class Repository:
 
     async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
         """Loads (or reloads) a model; raises ModelLoadError, with what served before serving on."""
+        if name not in self.models:
+            self.check_name(name)
+            if not (self.root / name).is_dir():  # before a lock is made for the name
+                raise ModelNotFound(f"Request for unknown model: '{name}' has no directory in the repository")
         async with self._locks[name]:
             model = self.models.get(name)
             if model is None:
-                path = self.root / name
-                if not path.is_dir():
-                    raise ModelNotFound(f"Request for unknown model: '{name}' has no directory in the repository")
-                model = self.models[name] = Model(name, path)
+                model = self.models[name] = Model(name, self.root / name)
             await _retire(await asyncio.to_thread(model.load, override))
 
     async def unload(self, name: str) -> None:
         """Stops serving a model once the requests it holds are answered."""
+        self.get(name)  # an unknown or invalid name raises before a lock is made for it
         async with self._locks[name]:
             await _retire(self.get(name).unload())
 

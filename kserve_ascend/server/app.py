@@ -17,8 +17,9 @@ from ..core.errors import AscendError
 from ..core.model import Model
 from ..core.repository import Repository
 from . import logs, metrics, rest
+from .auth import Authenticator, GrpcAuthentication
 from .dataplane import DataPlane
-from .grpc import GrpcServer
+from .grpc import CertificateFiles, GrpcServer
 from .model import AscendModel
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics_port", type=int, default=9090, help="Port of the Prometheus /metrics endpoint (0: only on the HTTP port)."
     )
     parser.add_argument("--log_format", choices=("text", "json"), default="text", help="json: one JSON object per log line.")
+    security = parser.add_argument_group(
+        "security",
+        "TLS: --ssl_certfile and --ssl_keyfile secure both the REST and the gRPC port. Authentication is off unless "
+        "a token file or a JWT key is given; then every endpoint but the health and readiness probes needs "
+        "'Authorization: Bearer <token>' (gRPC metadata 'authorization').",
+    )
+    security.add_argument(
+        "--http_max_input_size",
+        type=byte_count,
+        default=rest.DEFAULT_MAX_INPUT_SIZE,
+        metavar="BYTES",
+        help="Largest REST request body; a larger one is answered 413 unread (Triton's --http-max-input-size, "
+        "default 64 MiB). gRPC's is --grpc_max_receive_message_length.",
+    )
+    security.add_argument("--auth_token_file", metavar="PATH", help="Accepted bearer tokens, one a line.")
+    security.add_argument(
+        "--auth_jwt_public_key", metavar="PATH", help="PEM public key (or certificate) that signs accepted JWT access tokens."
+    )
+    security.add_argument("--auth_jwt_issuer", help="The 'iss' an accepted JWT must carry.")
+    security.add_argument("--auth_jwt_audience", help="The 'aud' an accepted JWT must carry.")
     parser.add_argument(
         "--enable_tracing",
         action="store_true",
         help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
     )
     return parser
+
+
+def byte_count(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of bytes, got {value}")
+    return number
 
 
 class AscendModelServer(kserve.ModelServer):
@@ -87,9 +115,13 @@ class AscendModelServer(kserve.ModelServer):
         startup_models: list[str] | None = None,
         grpc_options: list[tuple[str, int]] | None = None,
         metrics_port: int = 0,
+        http_max_input_size: int = rest.DEFAULT_MAX_INPUT_SIZE,
+        authenticator: Authenticator | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.http_max_input_size = http_max_input_size
+        self.authenticator = authenticator
         self.grpc_options = grpc_options or []
         self.metrics_port = metrics_port
         self.control_mode = control_mode
@@ -122,6 +154,15 @@ class AscendModelServer(kserve.ModelServer):
             async for _ in self.repository.follow(self._stopping):
                 self._register_models()
 
+    def _grpc_credentials(self):
+        """TLS with REST's certificate and key (both or neither, checked by main), reloaded when they change."""
+        if not self.ssl_certfile:
+            return None
+        try:
+            return CertificateFiles(self.ssl_certfile, self.ssl_keyfile).credentials()
+        except OSError as error:
+            raise SystemExit(f"kserve-ascend: cannot read the TLS certificate or key: {error}") from None
+
     def stop(self, sig: int) -> None:
         # A signal handler, run on the loop's thread between two steps: set the event from the loop.
         asyncio.get_running_loop().call_soon(self._stopping.set)
@@ -146,10 +187,19 @@ class AscendModelServer(kserve.ModelServer):
             ssl_keyfile=self.ssl_keyfile,
         )
         # KServe's server (uvicorn, TLS refresh) and its routes, in front of which go the OIP routes.
-        self._rest_server.config.app = rest.application(self.ascend_dataplane, model_server.app)
+        self._rest_server.config.app = rest.application(
+            self.ascend_dataplane, model_server.app, self.http_max_input_size, self.authenticator
+        )
         self.servers = [self._rest_server.start(), self._load_models()]
         if self.enable_grpc:
-            self._grpc_server = GrpcServer(self.grpc_port, self.ascend_dataplane, self.grpc_options, self.grace_period)
+            self._grpc_server = GrpcServer(
+                self.grpc_port,
+                self.ascend_dataplane,
+                self.grpc_options,
+                self.grace_period,
+                credentials=self._grpc_credentials(),
+                interceptors=[GrpcAuthentication(self.authenticator)] if self.authenticator else [],
+            )
             self.servers.append(self._grpc_server.start())
         self.setup_event_loop()
         self.register_signal_handler()
@@ -178,6 +228,11 @@ def main(argv: list[str] | None = None) -> None:
         # The file's ports and models become defaults: flags given on the command line still win.
         parser.set_defaults(**cann_config.parser_defaults(known.config))
     args = parser.parse_args(argv)
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        parser.error("--ssl_certfile and --ssl_keyfile go together: they secure the REST and the gRPC port")
+    authenticator = Authenticator.from_files(
+        args.auth_token_file, args.auth_jwt_public_key, args.auth_jwt_issuer, args.auth_jwt_audience
+    )
     try:
         repository = Repository(Path(args.model_dir))
     except FileNotFoundError as error:
@@ -191,6 +246,8 @@ def main(argv: list[str] | None = None) -> None:
             ("grpc.max_receive_message_length", args.grpc_max_receive_message_length),
         ],
         metrics_port=args.metrics_port,
+        http_max_input_size=args.http_max_input_size,
+        authenticator=authenticator,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=args.workers,

@@ -64,7 +64,22 @@ def _field(obj: Mapping, key: str, kind: type | tuple, what: str, required: bool
 def _shape(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
         raise InvalidInput(f"'shape' of {what} must be a list of non-negative integers")
-    return tuple(value)
+    return _bounded(tuple(value), what)
+
+
+#: numpy's limits on an array (1.x): its rank, and its size in bytes (at up to 8 bytes an element)
+#: in an intp. They bind even an empty tensor, whose other dimensions are still allocated for.
+_MAX_RANK = 32
+_MAX_ELEMENTS = np.iinfo(np.intp).max // 8
+
+
+def _bounded(shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """The shape, if an array can have it; checked before any count is taken of it."""
+    if len(shape) > _MAX_RANK:
+        raise InvalidInput(f"'shape' of {what} has {len(shape)} dimensions, more than the {_MAX_RANK} a tensor can have")
+    if math.prod(d for d in shape if d) > _MAX_ELEMENTS:
+        raise InvalidInput(f"'shape' of {what} {list(shape)} is larger than a tensor can be")
+    return shape
 
 
 def _datatype(value: Any, what: str) -> str:
@@ -345,7 +360,7 @@ def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> Inf
         datatype = _datatype(tensor.datatype, what)
         if any(d < 0 for d in tensor.shape):
             raise InvalidInput(f"'shape' of {what} must be non-negative")
-        shape = tuple(tensor.shape)
+        shape = _bounded(tuple(tensor.shape), what)
         if placed is not None:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"{what} is in shared memory and must not also have contents")

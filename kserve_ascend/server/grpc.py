@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
@@ -169,27 +171,79 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             yield response
 
 
-class GrpcServer:
-    """A grpc.aio server on the event loop the REST server shares, so both feed one batcher."""
+class CertificateFiles:
+    """The gRPC port's TLS key and certificate chain, read again when the files change.
 
-    def __init__(self, port: int, dataplane: DataPlane, options: list[tuple[str, int]], grace_period: float = 30):
+    KServe's REST server reloads the same files on change (cert-manager and Kubernetes
+    rotate them in place); gRPC asks `fetch` before every TLS handshake, which costs two
+    `stat` calls per new connection, none per request.
+    """
+
+    def __init__(self, certfile: str, keyfile: str):
+        self.paths = (Path(certfile), Path(keyfile))
+        self._stamp = None
+        self._initial = self._read()  # OSError if either is unreadable: the server does not start
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self._initial, self.fetch)
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """A configuration from the files if they changed since last read, else None (keep the current one)."""
+        try:
+            if self._stamps() == self._stamp:
+                return None
+            log.info("reloading the gRPC TLS certificate from %s", self.paths[0])
+            return self._read()
+        except OSError as error:  # in the middle of a rotation: serve the pair read before
+            log.warning("cannot read the gRPC TLS certificate: %s", error)
+            return None
+
+    def _stamps(self) -> tuple:
+        return tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(os.stat, self.paths))
+
+    def _read(self) -> grpc.ServerCertificateConfiguration:
+        stamp = self._stamps()
+        certificate, key = (path.read_bytes() for path in self.paths)
+        self._stamp = stamp
+        return grpc.ssl_server_certificate_configuration([(key, certificate)])
+
+
+class GrpcServer:
+    """A grpc.aio server on the event loop the REST server shares, so both feed one batcher.
+
+    With `credentials` the port speaks TLS only; `interceptors` see every call first.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        dataplane: DataPlane,
+        options: list[tuple[str, int]],
+        grace_period: float = 30,
+        credentials: grpc.ServerCredentials | None = None,
+        interceptors: list[aio.ServerInterceptor] | None = None,
+    ):
         self.port = port
         self.dataplane = dataplane
         self.options = options
         self.grace_period = grace_period
+        self.credentials = credentials
+        self.interceptors = interceptors or []
         self._server: aio.Server | None = None
 
     async def start(self) -> None:
         # Created here: a grpc.aio server belongs to the loop that is running when it is made.
-        self._server = aio.server(options=self.options)
+        self._server = aio.server(options=self.options, interceptors=self.interceptors)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.dataplane), self._server)
-        self._server.add_insecure_port(f"[::]:{self.port}")
+        address = f"[::]:{self.port}"
+        if self.credentials is None:
+            self._server.add_insecure_port(address)
+        else:
+            self._server.add_secure_port(address, self.credentials)
         await self._server.start()
-        log.info("gRPC server listening on port %d", self.port)
+        log.info("gRPC server listening on port %d%s", self.port, " (TLS)" if self.credentials else "")
         await self._server.wait_for_termination()
 
     async def stop(self, sig: int | None = None) -> None:
         if self._server is not None:
             await self._server.stop(grace=self.grace_period)
-
-

@@ -12,13 +12,16 @@ import logging
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core import tracing
 from ..core.errors import AscendError, InvalidInput
 from . import logs
+from .auth import Authenticator, RestAuthentication
 from .codec import HEADER_LENGTH, decode_rest, encode_rest, json_object
 from .dataplane import DataPlane
 from .errors import http_status
@@ -27,6 +30,9 @@ from .shm import CUDA_SHM_UNSUPPORTED
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
+
+#: Triton's default for `--http-max-input-size`: 64 MiB.
+DEFAULT_MAX_INPUT_SIZE = 64 * 2**20
 
 
 def _json(content, status: int = 200) -> Response:
@@ -194,14 +200,61 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
     return _error(str(error.detail), error.status_code)
 
 
-def application(dataplane: DataPlane, kserve_app: Starlette) -> Starlette:
+class BodyLimit:
+    """Answers 413 to a request whose body is over `limit` bytes, reading no more of it than that.
+
+    A Content-Length over the limit is refused before the request is routed; a body
+    without one (chunked) is counted as the endpoint reads it. Requests within their
+    Content-Length pay one look at the headers (the HTTP parser holds the body to it).
+    """
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+        self.message = f"the request body is larger than {limit} bytes (--http_max_input_size)"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = next((value for key, value in scope["headers"] if key == b"content-length"), None)
+            if length is None:
+                receive = self._counting(receive)
+            elif int(length) > self.limit:  # the HTTP parser has refused a Content-Length that is not a number
+                log.info("%s %s: 413 %s", scope["method"], scope["path"], self.message)
+                return await _error(self.message, 413)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _counting(self, receive: Receive) -> Receive:
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise HTTPException(413, self.message)  # answered by the app's handler, in the OIP error shape
+            return message
+
+        return counting_receive
+
+
+def application(
+    dataplane: DataPlane,
+    kserve_app: Starlette,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    authenticator: Authenticator | None = None,
+) -> Starlette:
     """The OIP routes first, KServe's own app (V1 routes, /metrics, ...) for every other path.
 
     The OIP routes sit outside KServe's middleware stack (per-request timing logs,
-    telemetry), which costs more than the rest of a small request's handling.
+    telemetry), which costs more than the rest of a small request's handling. The token
+    check (when `authenticator` is given) and the body limit guard both.
     """
     kserve_app.add_exception_handler(HTTPException, _http_error)
+    middleware = [Middleware(BodyLimit, limit=max_input_size)]
+    if authenticator is not None:
+        middleware.insert(0, Middleware(RestAuthentication, authenticator=authenticator))  # before any body is read
     return Starlette(
         routes=[*RestEndpoints(dataplane).routes(), Mount("/", app=kserve_app)],
+        middleware=middleware,
         exception_handlers={HTTPException: _http_error},
     )

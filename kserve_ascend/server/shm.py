@@ -123,8 +123,8 @@ def _check_integer(value, key: str, what: str, minimum: int) -> None:
 
 def _object_path(key, what: str) -> str:
     # As shm_open: leading slashes are optional and no other is allowed, so a key can
-    # only name a file of /dev/shm, never a path elsewhere.
+    # only name a file of /dev/shm, never a path elsewhere; nor can a path hold a NUL.
     name = key.lstrip("/") if isinstance(key, str) else ""
-    if not name or "/" in name or name in (".", ".."):
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
         raise InvalidInput(f"'key' of {what} must name a POSIX shared memory object such as '/data', got {key!r}")
     return os.path.join(SHM_DIR, name)
