@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -17,6 +18,19 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
+#: The FAKE pyACL module: on a server's PYTHONPATH it is imported as `acl`.
+FAKE_ACL = ROOT / "tests" / "fake_acl"
+
+
+def load_fake_acl():
+    """A fresh copy of the FAKE pyACL module, loaded from its file under its own name
+    (so `import acl` stays unresolvable in the test process)."""
+    spec = importlib.util.spec_from_file_location("tests_fake_acl", FAKE_ACL / "acl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    assert module.FAKE
+    return module
 
 
 def free_port() -> int:

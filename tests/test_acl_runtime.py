@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,21 +12,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from conftest import load_fake_acl
 from kserve_ascend.core.errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
 from kserve_ascend.core.runtimes.acl import AclRuntime
 
 
-def _load_fake():
-    # Loaded from its file under its own name, so `import acl` stays unresolvable in tests.
-    path = Path(__file__).parent / "fake_acl" / "acl.py"
-    spec = importlib.util.spec_from_file_location("tests_fake_acl", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fake = _load_fake()
+fake = load_fake_acl()
 GEARS = [1, 2, 4, 8]
 
 

@@ -7,7 +7,6 @@ dynamic batch gears, the protocol edges — is the production path.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,19 +14,15 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import ROOT, start_server, stop_server
+from conftest import FAKE_ACL, load_fake_acl, start_server, stop_server
 
-FAKE_ACL = ROOT / "tests" / "fake_acl"
 ACL_FLOAT = 0
 
 
 @pytest.fixture(scope="module")
 def om_server(tmp_path_factory):
     # The FAKE module, loaded here only to write its .om descriptor; the server imports it as `acl`.
-    spec = importlib.util.spec_from_file_location("fake_acl", FAKE_ACL / "acl.py")
-    fake_acl = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake_acl)
-    assert fake_acl.FAKE
+    fake_acl = load_fake_acl()
     repository = tmp_path_factory.mktemp("om_repo")
     model = repository / "detector"
     (model / "1").mkdir(parents=True)

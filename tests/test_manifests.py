@@ -41,12 +41,11 @@ from kserve import models as kserve_models
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2
 
-from conftest import REPOSITORY, ROOT, Server, copy_model, free_port, stop_server, wait_until
+from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, copy_model, free_port, load_fake_acl, stop_server, wait_until
 
 MANIFESTS = ROOT / "manifests"
 DOCKER = ROOT / "docker"
 KUBERNETES_VERSION = "1.31"  # the oldest Kubernetes the manifests are meant for
-FAKE_ACL = ROOT / "tests" / "fake_acl"  # the FAKE pyACL module, for .om models without CANN
 
 RUNTIME = MANIFESTS / "base" / "clusterservingruntime.yaml"
 NAMESPACED_RUNTIME = MANIFESTS / "base" / "servingruntime.yaml"
@@ -292,14 +291,6 @@ def test_the_examples_are_served_by_the_runtime(path):
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
-
-
-def load_fake_acl():
-    spec = importlib.util.spec_from_file_location("fake_acl", FAKE_ACL / "acl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.FAKE
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ prometheus_client's own parser: the counts match the requests sent, on the HTTP 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import queue
 import time
@@ -19,10 +18,9 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import ROOT, copy_model, start_server, stop_server
+from conftest import FAKE_ACL, copy_model, load_fake_acl, start_server, stop_server
 from kserve_ascend.core.runtimes.acl import AclRuntime
 
-FAKE_ACL = ROOT / "tests" / "fake_acl"
 
 # One instance busy 2 s per request, one request may wait, no batching: of 4 concurrent
 # requests, one runs, one waits and the rest are refused with "Exceeds maximum queue size".
@@ -218,15 +216,9 @@ def test_no_npu_utilization_where_no_runtime_reads_a_device(scrape):
 # ---- NPU utilization through the FAKE pyACL ------------------------------------------------
 
 
-def _load_fake_acl():
-    spec = importlib.util.spec_from_file_location("metrics_fake_acl", FAKE_ACL / "acl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.FAKE
-    return module
 
 
-fake = _load_fake_acl()
+fake = load_fake_acl()
 
 
 def write_om_model(repository, name: str, config: str):

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import requests
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import simple_body
