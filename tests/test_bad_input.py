@@ -225,6 +225,18 @@ def test_grpc_client_mistakes(server, stub, case):
     np.testing.assert_array_equal(np.frombuffer(good.raw_output_contents[0], np.int32), np.arange(16) * 2)
 
 
+def test_grpc_typed_contents_past_a_narrow_type_are_refused_not_wrapped(stub):
+    request = grpc_request()
+    del request.raw_input_contents[:]
+    for tensor in request.inputs:
+        tensor.datatype = "INT8"
+        tensor.contents.int_contents.extend([1000] * 16)  # int_contents is 32-bit: 1000 would wrap to -24
+    with pytest.raises(grpclib.RpcError) as raised:
+        stub.ModelInfer(request)
+    assert raised.value.code() == grpclib.StatusCode.INVALID_ARGUMENT
+    assert "out of the range of INT8" in raised.value.details()
+
+
 def test_grpc_typed_contents_are_accepted(stub):
     request = grpc_request()
     del request.raw_input_contents[:]

@@ -324,6 +324,9 @@ _CONTENTS_FIELD = {
     "BYTES": "bytes_contents",
 }
 
+#: Carried in 32-bit contents fields: a value past the type's range would silently wrap.
+_NARROWER_THAN_CONTENTS = frozenset({"INT8", "INT16", "UINT8", "UINT16"})
+
 
 def _grpc_parameter(value: pb.InferParameter) -> Any:
     choice = value.WhichOneof("parameter_choice")
@@ -375,6 +378,10 @@ def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> Inf
             raise InvalidInput(f"{what} is FP16, which gRPC carries only in raw_input_contents")
         values = getattr(tensor.contents, _CONTENTS_FIELD[datatype])
         dtype = datatypes.to_numpy(datatype)
+        if datatype in _NARROWER_THAN_CONTENTS:
+            wide = np.array(values, dtype=np.int64)
+            if wide.size and (wide.min() < np.iinfo(dtype).min or wide.max() > np.iinfo(dtype).max):
+                raise InvalidInput(f"contents of {what} have values out of the range of {datatype}")
         array = np.array(values, dtype=dtype) if datatype != "BYTES" else np.array(list(values), dtype=object)
         if array.size != math.prod(shape):
             raise InvalidInput(f"{what} has {array.size} elements in contents but shape {list(shape)} needs {math.prod(shape)}")
