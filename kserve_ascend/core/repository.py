@@ -136,11 +136,11 @@ class Repository:
             yield names
 
     async def _settle(self, names: set[str]) -> None:
-        """Waits until no file of these models changes for SETTLE_S."""
-        before = self._stamps(names)
+        """Waits until no file of these models changes for SETTLE_S (the directory walks off the event loop)."""
+        before = await asyncio.to_thread(self._stamps, names)
         while True:
             await asyncio.sleep(SETTLE_S)
-            after = self._stamps(names)
+            after = await asyncio.to_thread(self._stamps, names)
             if after == before:
                 return
             before = after

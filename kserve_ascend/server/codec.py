@@ -96,33 +96,42 @@ def _from_json_data(data: Any, datatype: str, shape: tuple[int, ...], what: str)
             raise InvalidInput(f"'data' of {what} must hold strings for datatype BYTES")
         array = np.array([x.encode() if isinstance(x, str) else x for x in flat] or [], dtype=object)
     else:
-        try:
-            array = np.asarray(data)
-        except ValueError:
-            raise InvalidInput(f"'data' of {what} is not a regular array") from None
-        dtype = datatypes.to_numpy(datatype)
-        if dtype.kind in "iu" and array.dtype.kind in "fO":
-            array = _exact_integers(data, what, datatype)  # e.g. UINT64 values past INT64's range
-        if array.size and array.dtype.kind not in _JSON_KINDS[dtype.kind]:
-            raise InvalidInput(f"'data' of {what} holds {array.dtype.kind!r}-kind values, not {datatype}")
-        if dtype.kind in "iu" and array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
-            raise InvalidInput(f"'data' of {what} has values out of the range of {datatype}")
-        array = array.astype(dtype, copy=False)
+        array = json_numbers(data, datatype, f"'data' of {what}")
     if array.size != count:
         raise InvalidInput(f"{what} has {array.size} elements in 'data' but shape {list(shape)} needs {count}")
     return array.reshape(shape)
 
 
+def json_numbers(data: Any, datatype: str, what: str) -> np.ndarray:
+    """JSON numbers (a scalar or nested lists) as an array of a numeric `datatype`, in their own shape.
+
+    Refused unless regular, of a kind the datatype holds exactly, and in its range.
+    """
+    try:
+        array = np.asarray(data)
+    except ValueError:
+        raise InvalidInput(f"{what} is not a regular array") from None
+    dtype = datatypes.to_numpy(datatype)
+    if dtype.kind in "iu" and array.dtype.kind in "fO":
+        array = _exact_integers(data, what, datatype)  # e.g. UINT64 values past INT64's range
+    if array.size and array.dtype.kind not in _JSON_KINDS[dtype.kind]:
+        raise InvalidInput(f"{what} holds {array.dtype.kind!r}-kind values, not {datatype}")
+    if dtype.kind in "iu" and array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
+        raise InvalidInput(f"{what} has values out of the range of {datatype}")
+    return array.astype(dtype, copy=False)
+
+
 def _exact_integers(data: Any, what: str, datatype: str) -> np.ndarray:
     """Integers numpy widened to float or object (mixed magnitudes): kept exact, or refused."""
-    flat = np.asarray(data, dtype=object).ravel()
+    values = np.asarray(data, dtype=object)
+    flat = values.ravel()
     if not all(type(x) is int for x in flat):
-        raise InvalidInput(f"'data' of {what} holds values that are not integers, not {datatype}")
+        raise InvalidInput(f"{what} holds values that are not integers, not {datatype}")
     low, high = min(flat, default=0), max(flat, default=0)
     dtype = datatypes.to_numpy(datatype)
     if low < np.iinfo(dtype).min or high > np.iinfo(dtype).max:
-        raise InvalidInput(f"'data' of {what} has values out of the range of {datatype}")
-    return np.array(flat.tolist(), dtype=dtype)
+        raise InvalidInput(f"{what} has values out of the range of {datatype}")
+    return np.array(flat.tolist(), dtype=dtype).reshape(values.shape)
 
 
 # numpy kinds of JSON values acceptable for each target kind: ints widen to floats, never the reverse.

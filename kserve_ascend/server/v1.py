@@ -18,13 +18,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..core import datatypes
 from ..core.errors import InvalidInput
 from ..core.signature import Signature
-
-# numpy kinds of JSON values acceptable for each target kind: ints widen to floats, never the reverse.
-_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
-
+from .codec import json_numbers
 
 def parse(body: Any) -> tuple[str, Any, dict]:
     """The layout ("inputs" or "instances"), its value and the request parameters of a V1 body."""
@@ -57,21 +53,16 @@ def named(value: Any, signature: Signature, what: str) -> dict[str, Any]:
 
 def tensor(value: Any, datatype: str, what: str) -> np.ndarray:
     """A JSON (nested) list or scalar as an array of the input's datatype."""
+    if datatype != "BYTES":
+        return json_numbers(value, datatype, what)
     try:
-        array = np.asarray(value, dtype=object if datatype == "BYTES" else None)
+        array = np.asarray(value, dtype=object)
     except ValueError:
-        raise InvalidInput(f"{what} is not a regular (rectangular) array") from None
-    if datatype == "BYTES":
-        elements = np.empty(array.shape, dtype=object)
-        for index, item in np.ndenumerate(array):
-            elements[index] = _bytes(item, what)
-        return elements
-    dtype = datatypes.to_numpy(datatype)
-    if array.size and array.dtype.kind not in _KINDS.get(dtype.kind, ""):
-        raise InvalidInput(f"{what} holds values that are not {datatype}")
-    if dtype.kind in "iu" and array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
-        raise InvalidInput(f"{what} has values out of the range of {datatype}")
-    return array.astype(dtype, copy=False)
+        raise InvalidInput(f"{what} is not a regular array") from None
+    elements = np.empty(array.shape, dtype=object)
+    for index, item in np.ndenumerate(array):
+        elements[index] = _bytes(item, what)
+    return elements
 
 
 def _bytes(item: Any, what: str) -> bytes:
