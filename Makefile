@@ -4,32 +4,51 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
+# The `ascend` install (onnxruntime-cann) beside the CPU one: the two cannot share a virtualenv.
+CANN_VENV  := $(VENV)/cann
+CANN_STAMP := $(CANN_VENV)/.installed
 
 MODEL_DIR ?= model_repository
 HTTP_PORT ?= 8080
 GRPC_PORT ?= 8081
 
-.PHONY: serve test triton models bench clean
+.PHONY: serve test triton models bench check-ascend clean
 
 # Idempotent: reinstalls only when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[cpu,test]'
+	touch $@
+
+# The install path of Ascend hosts, verified: `.[ascend]` brings onnxruntime-cann and no CPU
+# onnxruntime beside it, and `pip check` is clean. tests/test_cann_ep.py runs the CANN execution
+# provider in it against stub CANN libraries it compiles (hence the C and C++ compilers).
+$(CANN_STAMP): pyproject.toml
+	command -v g++ >/dev/null || apt-get install -y -qq g++ || { apt-get update -qq && apt-get install -y -qq g++; }
+	test -x $(CANN_VENV)/bin/python || $(PYTHON) -m venv $(CANN_VENV)
+	$(CANN_VENV)/bin/pip install --quiet --upgrade pip
+	$(CANN_VENV)/bin/pip install --quiet -e '.[ascend]'
+	$(CANN_VENV)/bin/pip check
 	touch $@
 
 serve: $(STAMP)
 	$(BIN)/python -m kserve_ascend --model_dir $(MODEL_DIR) --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT)
 
-test: $(STAMP)
+test: $(STAMP) $(CANN_STAMP)
 	$(BIN)/python -m pytest
+
+# On an Ascend host (CANN toolkit installed, set_env.sh sourced): CANN, pyACL, an NPU, the CANN
+# execution provider, and one model served through the real server, each with its fix.
+check-ascend: $(CANN_STAMP)
+	$(CANN_VENV)/bin/python tools/check_ascend_host.py
 
 # Real Triton (from the nvidia-pytriton wheel) with the `ascend` backend on :8000/:8001/:8002.
 triton: $(STAMP)
 	$(BIN)/python tools/run_triton.py --model-repository $(MODEL_DIR)
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -e '.[cpu,test,bench]'
 	touch $@
 
 # The same load against five scenarios (bench/run.py), ~12 min: bench/results/results.md, qps_p99.png, results.json.

@@ -6,18 +6,22 @@
 # ascendai/cann on Docker Hub and on AscendHub), tagged <cann>-<chip>-<os>-<python>: CANN
 # toolkit with pyACL, Python 3.11, and the toolkit's environment set by ENV. Pick the chip of
 # your NPUs; the NPU driver comes from the host (Ascend Docker Runtime, with Ascend's device plugin).
+# CANN 8.2 is the CANN onnxruntime's CANN EP documentation pairs with the onnxruntime-cann release
+# that pyproject.toml's `ascend` extra pins (1.22.1): keep the two in step.
 ARG CANN_IMAGE=quay.io/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.11
 FROM ${CANN_IMAGE}
 
 WORKDIR /opt/kserve-ascend
 COPY pyproject.toml README.md ./
 COPY kserve_ascend ./kserve_ascend
-# onnxruntime-cann (the CANN execution provider) and onnxruntime install the same `onnxruntime`
-# package: the CPU build is removed before the CANN build goes in (pyproject.toml's `ascend` extra).
-RUN pip install --no-cache-dir . \
- && pip uninstall --yes onnxruntime \
- && pip install --no-cache-dir "onnxruntime-cann>=1.18"
+COPY tools/check_ascend_host.py ./tools/check_ascend_host.py
+# The `ascend` extra: onnxruntime-cann alone (the CPU onnxruntime owns the same `onnxruntime`
+# package and is in the `cpu` extra, not installed here).
+RUN pip install --no-cache-dir '.[ascend]' && pip check
 
-# REST, gRPC, Prometheus (the ServingRuntime moves metrics to 8082, off Knative's queue-proxy ports).
-EXPOSE 8080 8081 9090
+# REST, gRPC and Prometheus as the ServingRuntime runs them (manifests/base: --metrics_port=8082,
+# off the 9090/9091 of Knative's queue-proxy in the same pod).
+EXPOSE 8080 8081 8082
+# Verify a host with this image (CANN, pyACL, an NPU, the CANN EP, one model served):
+#   docker run --rm --device ... --entrypoint python kserve-ascend:0.1.0 tools/check_ascend_host.py
 ENTRYPOINT ["kserve-ascend"]

@@ -9,7 +9,9 @@ ARG KSERVE_ASCEND_IMAGE=kserve-ascend:0.1.0
 FROM ${KSERVE_ASCEND_IMAGE}
 
 # The stub links libpython3.11.so, which the CANN image keeps outside the linker's path.
+# pytriton beside the `ascend` extra keeps `pip check` clean (its tritonclient is the core's).
 RUN pip install --no-cache-dir "nvidia-pytriton==0.7.0" \
+ && pip check \
  && python -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))" > /etc/ld.so.conf.d/python.conf \
  && ldconfig
 

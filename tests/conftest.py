@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -31,6 +32,14 @@ def load_fake_acl():
     spec.loader.exec_module(module)
     assert module.FAKE
     return module
+
+
+def write_faults(path: Path, entries: list) -> None:
+    """The FAKE pyACL's fault-control file (its env FAKE_ACL_FAULTS), written whole (a file renamed
+    over it), as its docstring asks."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(entries))
+    temporary.replace(path)
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""An `.om` model served end to end by the real server, with the FAKE pyACL module on PYTHONPATH.
+"""`.om` models served end to end by the real server, with the FAKE pyACL module on PYTHONPATH.
 
 CANN cannot be installed here, so `tests/fake_acl/acl.py` (a recording fake, not Huawei's
 module) stands in for the `acl` module; everything above it — repository, batching with
@@ -11,31 +11,99 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as grpcclient
+from onnx import TensorProto, helper
 
 from conftest import FAKE_ACL, load_fake_acl, start_server, stop_server
 
-ACL_FLOAT = 0
+fake_acl = load_fake_acl()  # only to write .om descriptors; the servers import their own as `acl`
+ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+
+#: One config.pbtxt, written for the ONNX model, served over the ONNX file and over its ATC `.om`.
+IDENTITY_CONFIG = """name: "identity"
+backend: "ascend"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_INT32 dims: [ 3 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 3 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+"""
+
+
+def write_identity_onnx(path) -> None:
+    """OUTPUT0 = INPUT0, OUTPUT1 = INPUT1: what the FAKE `.om` computes, as a real ONNX model."""
+    def tensor(name, kind, width):
+        return helper.make_tensor_value_info(name, kind, ["batch", width])
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"], name="identity_0"),
+         helper.make_node("Identity", ["INPUT1"], ["OUTPUT1"], name="identity_1")],
+        "identity",
+        [tensor("INPUT0", TensorProto.FLOAT, 4), tensor("INPUT1", TensorProto.INT32, 3)],
+        [tensor("OUTPUT0", TensorProto.FLOAT, 4), tensor("OUTPUT1", TensorProto.INT32, 3)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+def write_model(repository, name: str, config: str):
+    (repository / name / "1").mkdir(parents=True)
+    (repository / name / "config.pbtxt").write_text(config)
+    return repository / name / "1"
 
 
 @pytest.fixture(scope="module")
 def om_server(tmp_path_factory):
-    # The FAKE module, loaded here only to write its .om descriptor; the server imports it as `acl`.
-    fake_acl = load_fake_acl()
     repository = tmp_path_factory.mktemp("om_repo")
-    model = repository / "detector"
-    (model / "1").mkdir(parents=True)
-    fake_acl.fake_write_om(model / "1" / "model.om", [("images", ACL_FLOAT, [-1, 3, 8, 8])], dynamic_batch=[1, 2, 4, 8])
-    (model / "config.pbtxt").write_text(
+    detector = write_model(
+        repository, "detector",
         'name: "detector"\nbackend: "ascend"\nmax_batch_size: 8\n'
         "dynamic_batching { max_queue_delay_microseconds: 20000 }\n"
-        'parameters { key: "device_ids" value: { string_value: "1" } }\n'
+        'parameters { key: "device_ids" value: { string_value: "1" } }\n',
     )
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
-    server = start_server(repository, repository.parent / "om.log", env=env)
+    fake_acl.fake_write_om(
+        detector / "model.om", [("images", fake_acl.ACL_FLOAT, [-1, 3, 8, 8])], dynamic_batch=[1, 2, 4, 8]
+    )
+    identity = write_model(repository, "identity", IDENTITY_CONFIG)
+    fake_acl.fake_write_om(
+        identity / "model.om",
+        [("INPUT0", fake_acl.ACL_FLOAT, [-1, 4]), ("INPUT1", fake_acl.ACL_INT32, [-1, 3])],
+        outputs=[("OUTPUT0", fake_acl.ACL_FLOAT, [-1, 4]), ("OUTPUT1", fake_acl.ACL_INT32, [-1, 3])],
+        dynamic_batch=[1, 2, 4, 8],
+        atc_names=True,  # served as node_0:0:OUTPUT0, node_1:0:OUTPUT1
+    )
+    server = start_server(repository, repository.parent / "om.log", env=ENV)
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def onnx_server(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("onnx_repo")
+    write_identity_onnx(write_model(repository, "identity", IDENTITY_CONFIG) / "model.onnx")
+    server = start_server(repository, repository.parent / "onnx.log")
+    yield server
+    stop_server(server)
+
+
+def metadata(server, model: str) -> dict:
+    with grpcclient.InferenceServerClient(server.grpc) as client:
+        return client.get_model_metadata(model, as_json=True)
+
+
+def infer(server, model: str, inputs: dict[str, np.ndarray], outputs=None) -> dict[str, np.ndarray]:
+    with grpcclient.InferenceServerClient(server.grpc) as client:
+        tensors = []
+        for name, data in inputs.items():
+            tensor = grpcclient.InferInput(name, list(data.shape), "FP32" if data.dtype == np.float32 else "INT32")
+            tensor.set_data_from_numpy(data)
+            tensors.append(tensor)
+        wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] if outputs else None
+        result = client.infer(model, tensors, outputs=wanted)
+        return {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
 
 
 def test_om_model_metadata_is_auto_completed_from_the_model_description(om_server):
@@ -47,13 +115,33 @@ def test_om_model_metadata_is_auto_completed_from_the_model_description(om_serve
     assert config.max_batch_size == 8
 
 
+def test_one_config_serves_the_onnx_model_and_its_atc_om_alike(om_server, onnx_server):
+    om_metadata, onnx_metadata = (metadata(server, "identity") for server in (om_server, onnx_server))
+    assert om_metadata["inputs"] == onnx_metadata["inputs"]
+    assert om_metadata["outputs"] == onnx_metadata["outputs"]
+    assert [o["name"] for o in om_metadata["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+    rng = np.random.default_rng(7)
+    for rows in (1, 3, 8):  # 3: padded by the core to the .om's gear 4
+        sent = {
+            "INPUT0": rng.random((rows, 4), dtype=np.float32),
+            "INPUT1": rng.integers(-9, 9, (rows, 3), dtype=np.int32),
+        }
+        from_om, from_onnx = infer(om_server, "identity", sent), infer(onnx_server, "identity", sent)
+        assert sorted(from_om) == sorted(from_onnx) == ["OUTPUT0", "OUTPUT1"]
+        for name, source in (("OUTPUT0", "INPUT0"), ("OUTPUT1", "INPUT1")):
+            np.testing.assert_array_equal(from_om[name], sent[source])
+            np.testing.assert_array_equal(from_om[name], from_onnx[name])
+    only = infer(om_server, "identity", sent, outputs=["OUTPUT1"])
+    assert list(only) == ["OUTPUT1"]
+
+
+# Batches that are not a gear of the `.om`: the core's Instance pads them to the next gear.
+
+
 def test_om_model_round_trips_concurrent_mixed_batches_through_the_gears(om_server):
     def call(rows):
         data = np.random.default_rng(rows).random((rows, 3, 8, 8), dtype=np.float32)
-        with grpcclient.InferenceServerClient(om_server.grpc) as client:
-            tensor = grpcclient.InferInput("images", list(data.shape), "FP32")
-            tensor.set_data_from_numpy(data)
-            return data, client.infer("detector", [tensor]).as_numpy("images_out")
+        return data, infer(om_server, "detector", {"images": data})["images_out"]
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(call, [1, 3, 2, 1, 5, 1, 2, 3]))

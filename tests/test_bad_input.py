@@ -141,7 +141,7 @@ def test_health_of_unknown_model_and_version(server):
 def grpc_request(**changes) -> pb.ModelInferRequest:
     request = pb.ModelInferRequest(model_name="simple")
     for name in ("INPUT0", "INPUT1"):
-        tensor = request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
         request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
     for key, value in changes.items():
         setattr(request, key, value) if not callable(value) else value(request)

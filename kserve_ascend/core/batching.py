@@ -6,6 +6,11 @@ a batch whenever an instance is idle, so batches grow while every instance is bu
 no two instances race for the same requests. Batches run on the instance's own thread;
 the event loop only queues, times and resolves.
 
+Device health: an execution that outlives the execution timeout, or fails with a fatal
+`DeviceError` (a context the device poisoned), takes its instance out of rotation: it is
+never handed another batch, and the other instances go on. With none left, queued and new
+requests fail with ModelNotReady until the model is reloaded (fresh instances).
+
 `dynamic_batching` as Triton defines it: `max_queue_delay_microseconds`,
 `preferred_batch_size`, `priority_levels` (1 is the most urgent) with
 `default_priority_level`, and queue policies (`default_queue_policy`,
@@ -27,11 +32,17 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from . import tracing
 from .adaptive import AdaptiveBatchLimit
-from .errors import InvalidInput, ModelNotReady, Unavailable
+from .errors import AscendError, DeviceError, InvalidInput, ModelNotReady, Unavailable
 from .stats import VersionStats
 
 # Runs one batch: a list of requests' inputs in, a list of their outputs out (same order).
 BatchRunner = Callable[[Sequence[Mapping[str, np.ndarray]]], list[dict[str, np.ndarray]]]
+# Told that an instance left rotation: its index, why, and whether its thread is stuck in the execution.
+InstanceLost = Callable[[int, str, bool], None]
+
+
+class ExecutionTimeout(AscendError):
+    """An execution outlived the model's execution timeout: its device stopped answering (a server fault)."""
 
 
 @dataclass(eq=False)
@@ -217,6 +228,8 @@ class Scheduler:
     """Feeds the batches of one queue to a pool of instances (one per runner).
 
     `span_attributes`: per instance, what its `execute` spans say (model, version, device).
+    `execution_timeout_s`: how long one execution may take (None: no limit).
+    `on_instance_lost`: told when an instance leaves rotation.
     """
 
     def __init__(
@@ -226,17 +239,29 @@ class Scheduler:
         queue: BatchQueue,
         stats: VersionStats | None = None,
         span_attributes: Sequence[Mapping[str, object]] = (),
+        execution_timeout_s: float | None = None,
+        on_instance_lost: InstanceLost | None = None,
     ):
         self.queue = queue
         self.stats = stats if stats is not None else VersionStats()
+        self._instances = list(zip(runners, executors, span_attributes or itertools.repeat({})))
+        #: Per instance: "" while it is in rotation, else why it left.
+        self.health = [""] * len(self._instances)
+        self.execution_timeout_s = execution_timeout_s
+        self._on_instance_lost = on_instance_lost
         self._idle: asyncio.Queue = asyncio.Queue()
-        for instance in zip(runners, executors, span_attributes or itertools.repeat({})):
-            self._idle.put_nowait(instance)
+        for index in range(len(self._instances)):
+            self._idle.put_nowait(index)
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
         self.outstanding = 0  # requests submitted and not yet answered
         self.executing = 0  # of those, the requests in a running batch
         self._answered_all = asyncio.Event()
+
+    @property
+    def in_rotation(self) -> int:
+        """Instances still handed batches."""
+        return self.health.count("")
 
     def _ensure_started(self) -> None:
         # Started lazily so a model can be loaded off the event loop (in a thread), in a context
@@ -252,6 +277,8 @@ class Scheduler:
         priority: int | None = None,
         timeout_us: int | None = None,
     ) -> dict[str, np.ndarray]:
+        if not self.in_rotation:
+            raise self._none_left()
         self._ensure_started()
         loop = asyncio.get_running_loop()
         pending = Pending(inputs, rows, loop.create_future(), loop.time(), shape_key, self.queue.level_of(priority))
@@ -294,24 +321,32 @@ class Scheduler:
 
     async def _dispatch(self) -> None:
         while True:
-            instance = await self._idle.get()
+            index = await self._idle.get()
             # No local name for the batch: holding it until the next one would keep its tensors alive.
-            task = asyncio.get_running_loop().create_task(self._execute(instance, await self.queue.next_batch()))
+            task = asyncio.get_running_loop().create_task(self._execute(index, await self.queue.next_batch()))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _execute(self, instance, batch: list[Pending]) -> None:
-        runner, executor, span_attributes = instance
+    async def _execute(self, index: int, batch: list[Pending]) -> None:
+        runner, executor, span_attributes = self._instances[index]
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.executing += len(batch)
         try:
             with tracing.execution(batch, span_attributes):
-                results = await loop.run_in_executor(executor, runner, [pending.inputs for pending in batch])
+                execution = loop.run_in_executor(executor, runner, [pending.inputs for pending in batch])
+                if not (await asyncio.wait((execution,), timeout=self.execution_timeout_s))[0]:
+                    # The thread stays in the call (a device call cannot be interrupted): stop waiting for it.
+                    execution.cancel()
+                    raise ExecutionTimeout(f"the execution did not finish within execution_timeout_ms {self.execution_timeout_s * 1000:g}")
+                results = execution.result()
+        except ExecutionTimeout as error:
+            self._fail(batch, ExecutionTimeout(f"{error}: instance {index} is out of rotation until the model is reloaded"))
+            self._take_out(index, str(error), hung=True)
         except Exception as error:  # a failed execution fails every request in it, and only those
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
+            self._fail(batch, error)
+            if isinstance(error, DeviceError) and error.fatal:
+                self._take_out(index, str(error), hung=False)
         else:
             done = loop.time()
             rows = sum(p.rows for p in batch)
@@ -323,7 +358,30 @@ class Scheduler:
                     pending.future.set_result(result)
         finally:
             self.executing -= len(batch)
-            self._idle.put_nowait(instance)
+            if not self.health[index]:
+                self._idle.put_nowait(index)
+
+    @staticmethod
+    def _fail(batch: list[Pending], error: Exception) -> None:
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _take_out(self, index: int, reason: str, hung: bool) -> None:
+        """Never hands the instance another batch; with none left, fails what waits."""
+        self.health[index] = reason
+        if not self.in_rotation:
+            self._fail(self.queue.drain(), self._none_left())
+        if self._on_instance_lost is not None:
+            self._on_instance_lost(index, reason, hung)
+
+    def _none_left(self) -> ModelNotReady:
+        return ModelNotReady(self.health_report())
+
+    def health_report(self) -> str:
+        """Which instances left rotation, and why."""
+        lost = [f"instance {i}: {reason}" for i, reason in enumerate(self.health) if reason]
+        return ("no instance is healthy: " if not self.in_rotation else "") + "; ".join(lost)
 
     def close(self, reason: Exception) -> None:
         """Stops dispatching and fails the requests still queued with `reason`.

@@ -129,6 +129,24 @@ def _string_parameter(config: mc.ModelConfig, key: str) -> str:
     return config.parameters[key].string_value.strip() if key in config.parameters else ""
 
 
+#: `execution_timeout_ms` unless the config sets it: far above any batch's execution (a large
+#: detector batch on a 310 takes a second), so only a device that stopped answering reaches it.
+DEFAULT_EXECUTION_TIMEOUT_MS = 30_000
+
+
+def execution_timeout_s(config: mc.ModelConfig) -> float:
+    """`parameters { key: "execution_timeout_ms" }`: how long one execution may take before the
+    instance running it is taken out of rotation (a hung device). Seconds."""
+    value = _string_parameter(config, "execution_timeout_ms") or str(DEFAULT_EXECUTION_TIMEOUT_MS)
+    try:
+        timeout_ms = float(value)
+    except ValueError:
+        raise ModelLoadError(f"parameter execution_timeout_ms must be a number of milliseconds, got {value!r}") from None
+    if timeout_ms <= 0:
+        raise ModelLoadError(f"parameter execution_timeout_ms must be positive, got {value!r}")
+    return timeout_ms / 1000
+
+
 def expected_sha256(config: mc.ModelConfig, version: int) -> str | None:
     """The digest `parameters { key: "sha256" }` expects of a version's file, if any.
 

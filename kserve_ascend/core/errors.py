@@ -30,9 +30,16 @@ class ModelLoadError(AscendError):
 
 
 class DeviceError(AscendError):
-    """A device call failed; names the call and its return code."""
+    """A device call failed; names the call and its return code.
 
-    def __init__(self, call: str, ret: int, detail: str = ""):
+    `fatal`: the failure leaves the instance's device context unusable (an AI Core
+    exception, a lost device, an execution that never returned), so the instance is
+    taken out of rotation until the model is reloaded; other device errors fail only
+    the batch they happened in.
+    """
+
+    def __init__(self, call: str, ret: int, detail: str = "", fatal: bool = False):
         self.call = call
         self.ret = ret
+        self.fatal = fatal
         super().__init__(f"{call} failed with return code {ret}" + (f": {detail}" if detail else ""))

@@ -3,30 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import hashlib
 import logging
 import random
-from concurrent.futures import ThreadPoolExecutor
+import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import config as cfg
-from . import tracing
+from . import tracing, warmup
 from .batching import BatchQueue, Scheduler
-from .datatypes import to_config
 from .errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
-from .runtimes import Runtime, TensorSpec, load_runtime
+from .instance import Instance, InstanceThread, complete_config
+from .runtimes import Runtime, load_runtime
 from .signature import Signature
 from .stats import VersionStats
 
 log = logging.getLogger(__name__)
-
-#: Triton's default max_batch_size when it auto-completes a model that can batch.
-AUTO_COMPLETE_MAX_BATCH_SIZE = 4
 
 
 class State(str, enum.Enum):
@@ -37,97 +35,18 @@ class State(str, enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
-def complete_config(config: mc.ModelConfig, runtime: Runtime) -> None:
-    """Fills inputs, outputs and max_batch_size from the model file where config.pbtxt leaves them out.
-
-    As Triton's ONNX backend does: a model whose every tensor has a variable first
-    dimension is taken to batch along it.
-    """
-    if config.input and config.output:
-        return
-    specs = [*runtime.inputs, *runtime.outputs]
-    batches = config.max_batch_size > 0 or (specs and all(s.shape[:1] == (-1,) for s in specs))
-    if batches and config.max_batch_size == 0:
-        config.max_batch_size = runtime.max_batch_size or AUTO_COMPLETE_MAX_BATCH_SIZE
-    def declare(target, spec: TensorSpec):
-        target.add(name=spec.name, data_type=to_config(spec.datatype), dims=spec.shape[1:] if batches else spec.shape)
-
-    if not config.input:
-        for spec in runtime.inputs:
-            declare(config.input, spec)
-    if not config.output:
-        for spec in runtime.outputs:
-            declare(config.output, spec)
-
-
-def check_against_file(signature: Signature, runtime: Runtime) -> None:
-    """Refuses a config whose tensors the model file does not have."""
-    batch = (-1,) if signature.batching else ()
-    for declared, actual in ((signature.inputs, runtime.inputs), (signature.outputs, runtime.outputs)):
-        specs = {s.name: s for s in actual}
-        for decl in declared.values():
-            spec = specs.get(decl.name)
-            if spec is None:
-                raise ModelLoadError(f"config.pbtxt declares '{decl.name}', the model file has {sorted(specs)}")
-            if spec.datatype != decl.datatype:
-                raise ModelLoadError(
-                    f"'{decl.name}' is {decl.datatype} in config.pbtxt but {spec.datatype} in the model file"
-                )
-            want = batch + (decl.reshape if decl.reshape is not None else decl.dims)
-            if len(want) != len(spec.shape) or any(a not in (-1, b) and b != -1 for a, b in zip(want, spec.shape)):
-                raise ModelLoadError(
-                    f"'{decl.name}' has shape {list(want)} in config.pbtxt but {list(spec.shape)} in the model file"
-                )
-
-
-class Instance:
-    """One runtime on one device, running whole batches: the part both servers share.
-
-    Not thread-safe: one thread at a time calls it (the KServe server gives each instance
-    a thread of its own; Triton calls `execute` of one model instance at a time).
-    """
-
-    def __init__(self, runtime: Runtime, signature: Signature):
-        self.runtime = runtime
-        self._output_names = list(signature.outputs)
-        self._reshape_in = {d.name: d.reshape for d in signature.inputs.values() if d.reshape is not None}
-        self._reshape_out = {d.name: d.dims for d in signature.outputs.values() if d.reshape is not None}
-        self._batching = signature.batching
-
-    def _shaped(self, arrays: Mapping[str, np.ndarray], shapes: Mapping[str, tuple], rows: int) -> dict:
-        if not shapes:
-            return dict(arrays)
-        lead = (rows,) if self._batching else ()
-        return {n: a.reshape(lead + shapes[n]) if n in shapes else a for n, a in arrays.items()}
-
-    def run_batch(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """Concatenates the requests along dimension 0, runs them once and splits the outputs back."""
-        if len(requests) == 1:
-            inputs = requests[0]
-            counts = [self._rows(inputs)]
-        else:
-            counts = [self._rows(r) for r in requests]
-            inputs = {name: np.concatenate([r[name] for r in requests]) for name in requests[0]}
-        rows = sum(counts)
-        outputs = self.runtime.run(self._shaped(inputs, self._reshape_in, rows), self._output_names)
-        outputs = self._shaped(outputs, self._reshape_out, rows)
-        if len(requests) == 1:
-            return [outputs]
-        split, start = [], 0
-        for count in counts:
-            split.append({name: array[start : start + count] for name, array in outputs.items()})
-            start += count
-        return split
-
-    def _rows(self, inputs: Mapping[str, np.ndarray]) -> int:
-        return next(iter(inputs.values())).shape[0] if self._batching else 1
-
-
 class ModelVersion:
     """One loaded version of a model: its instances fed by one batch queue."""
 
     def __init__(
-        self, name: str, version: int, path: Path, config: mc.ModelConfig, instances: list[Instance], latency_target_ms: float = 0
+        self,
+        name: str,
+        version: int,
+        path: Path,
+        config: mc.ModelConfig,
+        instances: list[Instance],
+        latency_target_ms: float = 0,
+        execution_timeout_s: float | None = None,
     ):
         self.name = name
         self.version = version
@@ -138,8 +57,12 @@ class ModelVersion:
         self._prepare_request = instances[0].runtime.prepare_request
         # Set by `load`: the config as read (before completion), the file's stamp and digest.
         self.source, self.stamp, self.sha256 = b"", (0, 0), ""
-        # One thread per instance: device contexts (ACL's) are bound to the thread that uses them.
-        self.threads = [ThreadPoolExecutor(1, thread_name_prefix=f"{name}-v{version}-dev{i.runtime.device_id}") for i in instances]
+        #: Milliseconds the warmup took, once it ran.
+        self.warmup_ms: float | None = None
+        #: Told why when no instance is left in rotation (set by the Model that serves this version).
+        self.on_unavailable: Callable[[str], None] | None = None
+        self.execution_timeout_s = execution_timeout_s
+        self.threads = [InstanceThread(f"{name}-v{version}-dev{i.runtime.device_id}") for i in instances]
         dynamic = config.dynamic_batching if config.HasField("dynamic_batching") else None
         self.stats = VersionStats()
         self.scheduler = Scheduler(
@@ -148,11 +71,13 @@ class ModelVersion:
             BatchQueue(config.max_batch_size, dynamic, latency_target_ms),
             self.stats,
             [tracing.instance_attributes(name, version, i.runtime.device_id) for i in instances],
+            execution_timeout_s,
+            self._instance_lost,
         )
 
     @classmethod
     def load(cls, config: mc.ModelConfig, model_dir: Path, version: int) -> "ModelVersion":
-        """Loads one version's file on every device of its placement; the config may be completed.
+        """Loads one version's file on every device of its placement and warms it up; the config may be completed.
 
         The file is refused unless its sha256 is the one the config expects (if it names one).
         """
@@ -161,6 +86,7 @@ class ModelVersion:
         stamp = file_stamp(path)
         sha256 = checked_sha256(config, path, version)
         latency_target_ms = _latency_target_ms(config)
+        execution_timeout_s = cfg.execution_timeout_s(config)
         runtimes: list[Runtime] = []
         try:
             for device_id in cfg.device_placement(config):
@@ -168,14 +94,50 @@ class ModelVersion:
             complete_config(config, runtimes[0])
             cfg.apply_input_shape(config)
             signature = Signature(config)
-            check_against_file(signature, runtimes[0])
+            instances = [Instance(r, signature) for r in runtimes]
+            samples = (
+                warmup.configured_samples(config, model_dir)
+                if config.model_warmup
+                else warmup.default_samples(config, instances[0])
+            )
         except BaseException:
             for runtime in runtimes:
                 runtime.close()
             raise
-        loaded = cls(config.name, version, path, config, [Instance(r, signature) for r in runtimes], latency_target_ms)
+        loaded = cls(config.name, version, path, config, instances, latency_target_ms, execution_timeout_s)
         loaded.source, loaded.stamp, loaded.sha256 = source, stamp, sha256
+        try:
+            loaded.warm_up(samples)
+        except BaseException:
+            loaded.close()
+            raise
         return loaded
+
+    def warm_up(self, samples: Sequence[warmup.Sample]) -> None:
+        """Runs every sample on every instance (in parallel, each on its own thread); ModelLoadError if one fails."""
+        if not samples:
+            return
+        start = time.perf_counter()
+        for sample in samples:
+            for _ in range(sample.count):
+                runs = [thread.submit(i.run_batch, [sample.inputs]) for i, thread in zip(self.instances, self.threads)]
+                _, hung = concurrent.futures.wait(runs, self.execution_timeout_s)
+                for thread, run in zip(self.threads, runs):
+                    if run in hung:
+                        thread.abandon()  # stuck in a device call: releasing its instance will not wait for it
+                for instance, run in zip(self.instances, runs):
+                    where = f"warmup sample '{sample.name}' on device {instance.runtime.device_id}"
+                    if run in hung:
+                        raise ModelLoadError(f"{where} did not finish within execution_timeout_ms {self.execution_timeout_s * 1000:g}")
+                    if run.exception() is not None:
+                        raise ModelLoadError(f"{where} failed: {run.exception()}")
+        self.warmup_ms = (time.perf_counter() - start) * 1000
+        for instance in self.instances:
+            instance.padding_rows = 0  # statistics count requests only, as Triton's do
+        log.info(
+            "model '%s' version %d warmed up in %.0f ms: %d samples on %d instances",
+            self.name, self.version, self.warmup_ms, len(samples), len(self.instances),
+        )
 
     def unchanged(self, source: bytes, model_dir: Path) -> bool:
         """Whether this version still is what `source` (a config as read) and its file on disk describe."""
@@ -186,13 +148,41 @@ class ModelVersion:
         return source == self.source and path == self.path and file_stamp(path) == self.stamp
 
     @property
+    def healthy(self) -> bool:
+        """Whether every instance is in rotation (a reload replaces a version that is not)."""
+        return self.scheduler.in_rotation == len(self.instances)
+
+    def _instance_lost(self, index: int, reason: str, hung: bool) -> None:
+        device = self.instances[index].runtime.device_id
+        log.error(
+            "model '%s' version %d: instance %d on device %d is out of rotation until the model is reloaded: %s",
+            self.name, self.version, index, device, reason,
+        )
+        if hung:
+            self.threads[index].abandon()
+        if not self.scheduler.in_rotation and self.on_unavailable is not None:
+            self.on_unavailable(f"version {self.version}: {self.scheduler.health_report()}")
+
+    @property
+    def padding_rows(self) -> int:
+        """Zero rows every instance added to fill batches up to a size the model file takes."""
+        return sum(i.padding_rows for i in self.instances)
+
+    @property
     def runtime_info(self) -> dict[str, str]:
-        """What the runtime chose, and the device of every instance in order."""
+        """What the runtime chose, the device of every instance in order, what batches go through, the warmup."""
         info = dict(self.instances[0].runtime.info)
         info.pop("device_id", None)
         info["device_ids"] = ",".join(str(i.runtime.device_id) for i in self.instances)
         info["sha256"] = self.sha256
+        info.update(self.instances[0].parameters)
+        if self.warmup_ms is not None:
+            info["warmup_ms"] = f"{self.warmup_ms:.0f}"
         return info
+
+    def statistics(self) -> dict:
+        """This version in Triton's statistics extension, with `batch_padding_rows` added."""
+        return self.stats.as_dict(self.name, self.version, self.padding_rows)
 
     async def infer(
         self,
@@ -236,8 +226,15 @@ class ModelVersion:
         self._release()
 
     def _release(self) -> None:
+        """Closes each runtime on its thread after the batch it may be running; an instance stuck in a
+        device call is not waited for (its runtime closes if the call ever returns)."""
         for instance, thread in zip(self.instances, self.threads):
-            thread.submit(instance.runtime.close).result()  # after the batch it may be running
+            closing = thread.submit(instance.runtime.close)
+            if not thread.abandoned:
+                try:
+                    closing.result()
+                except Exception as error:  # a device that failed may fail its release too: the others go on
+                    log.warning("model '%s' version %d: releasing device %d: %s", self.name, self.version, instance.runtime.device_id, error)
             thread.shutdown()
 
 
@@ -326,7 +323,8 @@ class Model:
             served: dict[int, ModelVersion] = {}
             for version in cfg.select_versions(config, cfg.available_versions(self.model_dir)):
                 current = self.versions.get(version)
-                if current is not None and current.unchanged(source, self.model_dir):
+                # A version with an instance out of rotation is loaded afresh: reloading is how instances come back.
+                if current is not None and current.healthy and current.unchanged(source, self.model_dir):
                     served[version] = current
                 else:
                     served[version] = loaded[version] = ModelVersion.load(mc.ModelConfig.FromString(source), self.model_dir, version)
@@ -334,12 +332,14 @@ class Model:
             for version in loaded.values():
                 version.close()
             reason = str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
-            if self.versions:
+            if self.versions and self.ready:
                 self.reason = f"a reload failed, versions {sorted(self.versions)} serve on: {reason}"
             else:
                 self.state, self.reason = State.UNAVAILABLE, reason
             log.error("model '%s' failed to load: %s", self.name, reason)
             raise ModelLoadError(reason) from None
+        for version in loaded.values():
+            version.on_unavailable = lambda reason, version=version: self._unavailable(version, reason)
         retired = [v for number, v in self.versions.items() if served.get(number) is not v]
         self.weights = weights
         self.config = served[max(served)].config  # completed from the file where config.pbtxt was silent
@@ -348,6 +348,12 @@ class Model:
         if loaded or retired:
             log.info("model '%s' is READY with versions %s (loaded %s)", self.name, sorted(served), sorted(loaded))
         return retired
+
+    def _unavailable(self, version: ModelVersion, reason: str) -> None:
+        """A served version has no instance left in rotation: the model is not ready until reloaded."""
+        if self.versions.get(version.version) is version:
+            self.state, self.reason = State.UNAVAILABLE, reason
+            log.error("model '%s' is UNAVAILABLE until it is reloaded: %s", self.name, reason)
 
     def unload(self) -> list[ModelVersion]:
         """Stops serving; returns the versions to retire."""

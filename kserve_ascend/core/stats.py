@@ -70,7 +70,9 @@ class VersionStats:
         self.fail.add(total_ns)
         self.failures[reason] += 1
 
-    def as_dict(self, name: str, version: int) -> dict:
+    def as_dict(self, name: str, version: int, padding_rows: int = 0) -> dict:
+        """Triton's ModelStatistics, plus `batch_padding_rows`: zero rows added to fill batches up to a
+        batch size the model file takes (counted by the instances, which pad)."""
         zero = Duration().as_dict()
         return {
             "name": name,
@@ -78,6 +80,7 @@ class VersionStats:
             "last_inference": self.last_inference_ms,
             "inference_count": self.inference_count,
             "execution_count": self.execution_count,
+            "batch_padding_rows": padding_rows,
             "inference_stats": {
                 "success": self.success.as_dict(),
                 "fail": self.fail.as_dict(),

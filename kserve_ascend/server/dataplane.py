@@ -74,7 +74,7 @@ class DataPlane:
             versions = [model.version(version)] if version else [model.versions[v] for v in sorted(model.versions)]
         else:
             versions = [m.versions[v] for m in self.repository.models.values() for v in sorted(m.versions)]
-        return {"model_stats": [v.stats.as_dict(v.name, v.version) for v in versions]}
+        return {"model_stats": [v.statistics() for v in versions]}
 
     def index(self) -> list[dict]:
         return self.repository.index()

@@ -89,7 +89,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_answers_errors
     async def ModelStatistics(self, request, context):
         statistics = self.dataplane.statistics(request.name, request.version)
-        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse())
+        return json_format.ParseDict(statistics, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)  # batch_padding_rows: REST only
 
     @_answers_errors
     async def RepositoryIndex(self, request, context):

@@ -11,6 +11,13 @@ Two vocabularies over the same numbers, labelled `model` and `version`:
   `inference_latency_seconds`, `batch_size_distribution`, `inference_queue_depth`, and
   `npu_utilization_percent{device}` where the runtime can read it from the device.
 
+And this server's own, prefixed `ascend_` as Triton prefixes its own `nv_`:
+`ascend_batch_padding_rows` (zero rows added to fill batches up to a size the model file
+takes; the statistics extension's `batch_padding_rows`), and per instance, labelled also
+`instance` (its index in the version) and `device`, `ascend_instance_healthy` (0 once it is
+out of rotation) and `ascend_runtime_degraded` (1 when its runtime serves below what the
+config asked, e.g. on the CPU instead of the CANN execution provider).
+
 KServe serves `prometheus_client.REGISTRY` at `/metrics` of the HTTP port; `register`
 adds the repository to it and, with `--metrics_port`, serves it on that port too.
 """
@@ -59,6 +66,18 @@ _PER_VERSION: tuple[tuple[type, str, str, Callable[[ModelVersion], float]], ...]
      lambda v: v.stats.success.count + v.stats.fail.count),
     (GaugeMetricFamily, "inference_queue_depth", "Requests waiting in the queue for an execution",
      lambda v: v.scheduler.queued),
+    (_COUNTER, "ascend_batch_padding_rows", "Zero rows added to batches to reach a batch size the model file takes",
+     lambda v: v.padding_rows),
+)
+
+INSTANCE_LABELS = (*LABELS, "instance", "device")
+
+#: (name, help, value of one instance of a version) of every per-instance gauge.
+_PER_INSTANCE: tuple[tuple[str, str, Callable[[ModelVersion, int], float]], ...] = (
+    ("ascend_instance_healthy", "1 while the instance is in rotation, 0 once a device fault or an execution timeout took it out",
+     lambda v, i: 0 if v.scheduler.health[i] else 1),
+    ("ascend_runtime_degraded", "1 when the instance's runtime serves below what the config asked (see model metadata)",
+     lambda v, i: 1 if v.instances[i].runtime.info.get("degraded") == "true" else 0),
 )
 
 #: The failure counters: Triton's and the CANN design's names, labelled with the reason.
@@ -85,6 +104,12 @@ class RepositoryCollector(Collector):
             metric = family(name, documentation, labels=LABELS)
             for version in versions:
                 metric.add_metric(_labels(version), value(version))
+            yield metric
+        for name, documentation, value in _PER_INSTANCE:
+            metric = GaugeMetricFamily(name, documentation, labels=INSTANCE_LABELS)
+            for version in versions:
+                for index, instance in enumerate(version.instances):
+                    metric.add_metric([*_labels(version), str(index), str(instance.runtime.device_id)], value(version, index))
             yield metric
         yield from _failures(versions)
         yield _latency(versions)

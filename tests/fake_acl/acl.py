@@ -12,31 +12,99 @@ What it mimics of the real API (the shapes the CANN samples rely on):
   * return codes are the real ones (acl_base.h, rt_error_codes.h, ge_error_codes.h);
   * call order: nothing before `acl.init`, a context before device work, contexts bound to
     threads (`acl.rt.set_context`), a model runs only under the context that loaded it;
-  * `acl.util.numpy_to_ptr` warns that it will be deprecated; `acl.util.bytes_to_ptr`
-    accepts only `bytes`.
+  * `acl.init` / `acl.finalize` as CANN documents them. `acl.init` twice answers
+    ACL_ERROR_REPEAT_INITIALIZE (100002) and ACL stays initialised. By default the older CANN:
+    "一个进程内只能调用一次acl.init接口" (pyACL acl.init, CANN 8.0.RC2:
+    hiascend.com/document/detail/zh/canncommercial/80RC22/apiref/appdevgapi/aclpythondevg_01_0005.html),
+    whose acl.cpp keeps its "initialised" flag after aclFinalize, so an `acl.init` after
+    `acl.finalize` answers 100002 and ACL stays down (every later call: 100001). With
+    `fake_newer_cann()` (or env FAKE_ACL_NEWER_CANN=1) the newer CANN (hicann/runtime
+    docs/03_api_ref/02_初始化与去初始化.md): `acl.init` after `acl.finalize` initialises again, and
+    one `acl.finalize` clears every aclInit's reference at once, tearing ACL down under every
+    other user in the process. A second `acl.finalize` answers ACL_ERROR_REPEAT_FINALIZE.
+    With env FAKE_ACL_LIBRARY=/path/libascendcl.so (the stub tests/cann_stubs/acl_stub.c builds),
+    `acl.init` and `acl.finalize` call that library's aclInit and aclFinalize through ctypes and
+    ACL is up while the library says so (its test-only `stub_acl_initialized()`): one ACL shared
+    with whatever else in the process calls the library, such as ONNX Runtime's CANN execution
+    provider, as pyACL and the provider share the real libascendcl.so. The library's rules then
+    hold (the stub's are the older CANN's) and `fake_newer_cann()` has no effect;
+  * streams run their tasks in order, later: `acl.rt.memcpy_async` and `acl.mdl.execute_async`
+    only check their arguments and enqueue (a task's device failure is reported by the next
+    synchronize of its stream, hicann/runtime docs/02_dev_guide/09_异常处理.md);
+    `acl.rt.synchronize_stream[_with_timeout]` runs them; `acl.rt.destroy_stream` waits for
+    them, `acl.rt.destroy_stream_force` drops them (docs/03_api_ref/06_Stream管理.md);
+    `acl.rt.memcpy_async` takes host memory only from `acl.rt.malloc_host` (CANN: other host
+    memory gives "unpredictable errors"; the fake refuses it) and 64-byte aligned addresses;
+  * `acl.rt.malloc_host` returns `(address, ret)` of pinned memory, 64-byte aligned;
+    `acl.util.ptr_to_numpy(address, shape_tuple, npy_type)` returns a writable numpy array over
+    that memory (no copy), as pyACL's numpy_convert.cpp does (hicann/runtime
+    python/pyACL/util/numpy_convert.cpp); it and `acl.util.numpy_to_ptr` warn that they "will be
+    deprecated"; `acl.util.bytes_to_ptr` accepts only `bytes`.
 
 What it adds for tests:
   * `fake_calls()`: every call in order, with its arguments and what it returned;
   * allocation tracking (`fake_mallocs()`, `fake_device_memory()`, `fake_leaks()`);
-  * error injection (`fake_inject(name, ret)`): the named call fails with that code;
+  * `fake_initialized()`; `fake_external_user(device_id)`: another framework in the process
+    calling ACL itself, as ONNX Runtime's CANN execution provider does (see ExternalUser);
   * device utilization (`acl.rt.get_device_utilization_rate`) reads FAKE_UTILIZATION, or
     what `fake_set_utilization(device_id, ...)` set;
   * stricter order checks than the real runtime (destroying a context that still has
-    streams, resetting a device that still has contexts, finalizing with a device set):
-    they return ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED instead of cleaning up implicitly.
+    streams, resetting a device that still has contexts): they return
+    ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED instead of cleaning up implicitly.
+
+Faults (the control API other tests rely on):
+  * `fake_inject(call, ret, times=1, after=0, device=None)`: the call named `call` (e.g.
+    "acl.mdl.execute_async") fails with `ret` `times` times, after `after` calls that succeed;
+    with `device=N` only calls on device N count (the device of the calling thread's current
+    context, or the `device_id` argument of acl.rt.set_device/reset_device/create_context/
+    get_device_utilization_rate). A failing call returning `(value, ret)` returns `(0, ret)`,
+    one returning a handle returns 0. On the asynchronous calls (`acl.rt.memcpy_async`,
+    `acl.mdl.execute_async`) a `ret` of 500000 or more (CANN's codes for failures of the
+    device's execution) fails the task instead: the call returns 0 and the next synchronize of
+    its stream returns `ret`.
+  * `fake_hang(call, device=None)`: the next call named `call` (on device N if given) hangs
+    until `fake_release()`. A hung `acl.mdl.execute_async` or `acl.rt.memcpy_async` returns 0 but
+    its task never finishes, so its stream is stuck; a hung
+    `acl.rt.synchronize_stream_with_timeout` returns ACL_ERROR_RT_STREAM_SYNC_TIMEOUT (507046) and
+    its stream is stuck. On a stuck stream `acl.rt.synchronize_stream_with_timeout(stream, ms)`
+    returns 507046 at once (the fake does not sleep out the timeout), while
+    `acl.rt.synchronize_stream` and `acl.rt.destroy_stream` block until release,
+    `acl.rt.destroy_stream_force` drops the stuck tasks, and `acl.mdl.unload` of a model stuck
+    in it returns ACL_ERROR_RT_MODEL_RUNNING (107037). Any other hung call blocks until release.
+  * A control file, for a fake running inside another process (a server under test): set env
+    FAKE_ACL_FAULTS=/path/faults.json. The file is read again whenever its mtime, size or inode
+    changes (write it whole: a temporary file renamed over it); it holds a JSON list whose
+    entries are each applied once per read:
+        {"call": "acl.mdl.execute_async", "ret": 507015, "times": 1, "after": 0, "device": 1}
+            -> fake_inject(call, ret, times, after, device) ("times", "after", "device" optional)
+        {"call": "acl.mdl.execute_async", "hang": true, "device": 0}
+            -> fake_hang(call, device) ("device" optional)
+        {"release": true}
+            -> fake_release()
+    AclRuntime (kserve_ascend/core/runtimes/acl.py) makes, per batch: acl.rt.set_context,
+    acl.rt.memcpy_async per input, acl.mdl.set_dynamic_batch_size (gear models),
+    acl.mdl.execute_async, acl.rt.memcpy_async per output, and one
+    acl.rt.synchronize_stream_with_timeout.
+  * An AI Core exception is not modelled as poisoning its context: CANN documents the error
+    code (507015, rt_error_codes.h) and that the application usually exits, but not that later
+    calls on the context fail unless the stream is in ACL_STOP_ON_FAILURE mode, which nothing
+    here sets (aclrtSetStreamFailureMode, docs/03_api_ref/06_Stream管理.md).
 
 A fake `.om` file is a JSON descriptor (see `fake_write_om`): inputs and outputs with names,
 ACL data types and dims, and optional dynamic batch gears. "Executing" it copies input i to
-output i bytewise, for the rows of the gear chosen, so values round-trip. Memory is real
-Python memory: device pointers are fake integer addresses backed by bytearrays, and host
-pointers handed out by numpy_to_ptr/bytes_to_ptr map fake addresses to the array's own
-memory, so acl.rt.memcpy really moves data.
+output i for the rows of the gear chosen (bytewise, or cast when the output's type differs, as
+ATC's --output_type does), so values round-trip. Memory is real Python memory: device pointers
+are fake integer addresses backed by bytearrays, and host pointers handed out by
+numpy_to_ptr/bytes_to_ptr map fake addresses to the array's own memory, so copies really move
+data.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
+import os
 import threading
 import types
 import warnings
@@ -62,7 +130,14 @@ ACL_ERROR_INTERNAL_ERROR = 500000
 ACL_ERROR_RT_PARAM_INVALID = 107000
 ACL_ERROR_RT_INVALID_DEVICEID = 107001
 ACL_ERROR_RT_CONTEXT_NULL = 107002
+ACL_ERROR_RT_STREAM_CONTEXT = 107003
 ACL_ERROR_RT_MODEL_CONTEXT = 107004
+ACL_ERROR_RT_MODEL_RUNNING = 107037
+ACL_ERROR_RT_LOST_HEARTBEAT = 507010
+ACL_ERROR_RT_MODEL_EXECUTE = 507011
+ACL_ERROR_RT_AICORE_TIMEOUT = 507014
+ACL_ERROR_RT_AICORE_EXCEPTION = 507015
+ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
 ACL_ERROR_GE_PARAM_INVALID = 145000
 ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID = 145002
 ACL_ERROR_GE_EXEC_MODEL_DATA_SIZE_INVALID = 145006
@@ -79,9 +154,20 @@ ACL_DOUBLE, ACL_BOOL, ACL_STRING = 11, 12, 13
 
 #: Item size of each aclDataType the fake models can declare (ACL_STRING is refused).
 ITEM_SIZES = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1}
+#: aclDataType -> numpy, for the cast an output of another type than its input takes.
+NUMPY_TYPES = {0: "float32", 1: "float16", 2: "int8", 3: "int32", 4: "uint8", 6: "int16",
+               7: "uint16", 8: "uint32", 9: "int64", 10: "uint64", 11: "float64", 12: "bool"}
+#: NumPy C-API type numbers (what acl.util.ptr_to_numpy takes) -> dtype.
+_NPY_TYPES = {np.dtype(code).num: np.dtype(code) for code in "?bBhHiIlLqQefd"}
 
 DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"
 _GEAR_INPUT_SIZE = 8  # the fake stores the gear there as one uint64
+_ALIGNMENT = 64  # aclrtMemcpyAsync wants both addresses 64-byte aligned
+_DEVICE_FAILURES = 500000  # CANN's rule 4: codes of 5xxxxx are failures inside the device
+_ASYNC_CALLS = ("acl.rt.memcpy_async", "acl.mdl.execute_async")  # the stream is their last argument
+_DEVICE_ARGUMENT_CALLS = (
+    "acl.rt.set_device", "acl.rt.reset_device", "acl.rt.create_context", "acl.rt.get_device_utilization_rate",
+)
 
 #: What acl.rt.get_device_utilization_rate reports unless fake_set_utilization says otherwise:
 #: an Atlas 300 inference card (no Vector unit, memory rate reserved: both -1) with its Cube 37% busy.
@@ -99,10 +185,11 @@ Call = namedtuple("Call", "name args result")
 class _Region:
     """Memory behind a fake address: device (a bytearray) or host (an array's own memory)."""
 
-    def __init__(self, kind: str, memory: memoryview, owner: object = None):
+    def __init__(self, kind: str, memory: memoryview, owner: object = None, pinned: bool = False):
         self.kind = kind  # "device" or "host"
         self.memory = memory
         self.owner = owner  # keeps a host array alive while its address is handed out
+        self.pinned = pinned  # host memory of acl.rt.malloc_host
 
 
 class _Model:
@@ -113,6 +200,7 @@ class _Model:
         self.gears = sorted(descriptor.get("dynamic_batch") or [])
         self.inputs = [_tensor(t) for t in descriptor["inputs"]]
         self.outputs = [_tensor(t) for t in descriptor["outputs"]]
+        self.user_inputs = list(self.inputs)
         if self.gears:
             self.inputs.append({"name": DYNAMIC_BATCH_INPUT, "dtype": ACL_UINT64, "dims": [1]})
         self.gear_index = len(self.inputs) - 1 if self.gears else None
@@ -140,40 +228,72 @@ def _tensor(declared: dict) -> dict:
 
 
 def _validate(model: _Model) -> None:
-    """Refuses descriptors the bytewise 'execution' cannot honour."""
-    user_inputs = [t for t in model.inputs if t["name"] != DYNAMIC_BATCH_INPUT]
-    if len(model.outputs) > len(user_inputs):
+    """Refuses descriptors the 'execution' (output i from input i) cannot honour."""
+    if len(model.outputs) > len(model.user_inputs):
         raise ValueError("a fake model needs an input for each output (output i copies input i)")
-    for tensor in user_inputs + model.outputs:
+    for tensor in model.user_inputs + model.outputs:
         if tensor["dtype"] not in ITEM_SIZES:
             raise ValueError(f"ACL data type {tensor['dtype']} is not one the fake can size")
         if model.gears and tensor["dims"][:1] != [-1]:
             raise ValueError("with dynamic_batch, every tensor's first dim must be -1")
-    for source, target in zip(user_inputs, model.outputs):
-        if (source["dtype"], source["dims"]) != (target["dtype"], target["dims"]):
-            raise ValueError(
-                f"output {target['name']} must have the dtype and dims of input {source['name']}"
-            )
+    for source, target in zip(model.user_inputs, model.outputs):
+        if source["dims"] != target["dims"]:
+            raise ValueError(f"output {target['name']} must have the dims of input {source['name']}")
+        if source["dtype"] != target["dtype"] and {source["dtype"], target["dtype"]} - set(NUMPY_TYPES):
+            raise ValueError(f"the fake cannot cast input {source['name']} to output {target['name']}")
+
+
+class _Stream:
+    """A stream: tasks run in order when someone synchronizes; `stuck` while a hung task holds it."""
+
+    def __init__(self, context: int):
+        self.context = context
+        self.tasks: list[tuple[str, object, int | None]] = []  # (call, action, model id)
+        self.stuck = False
+
+
+class _Process:
+    """ACL's process-wide initialisation: unlike everything else, it survives fake_reset().
+
+    Kept here, or by the library FAKE_ACL_LIBRARY names (see the module doc).
+    """
+
+    def __init__(self):
+        self._initialized = False
+        self.finalized = False  # older CANN: no acl.init after this
+        self.newer = os.environ.get("FAKE_ACL_NEWER_CANN") == "1"
+        library = os.environ.get("FAKE_ACL_LIBRARY")
+        self.library = ctypes.CDLL(library) if library else None
+
+    @property
+    def initialized(self) -> bool:
+        if self.library is not None:
+            return bool(self.library.stub_acl_initialized())
+        return self._initialized
+
+    @initialized.setter
+    def initialized(self, value: bool) -> None:
+        self._initialized = value
 
 
 class _State:
-    """Everything the fake runtime holds; fake_reset() starts over."""
+    """Everything the fake runtime holds but the process-wide ACL state; fake_reset() starts over."""
 
     def __init__(self):
         self.lock = threading.RLock()
         self.calls: list[Call] = []
-        self.injected: dict[str, list[int]] = {}
+        self.injected: dict[tuple[str, int | None], list[int]] = {}
+        self.hangs: Counter = Counter()  # (call, device) -> armed hangs
+        self.released = threading.Event()  # set by fake_release(); a new one replaces it
+        self.faults_stamp: tuple | None = None  # of the FAKE_ACL_FAULTS file last applied
         self.error = threading.local()  # .message, for get_recent_err_msg
         self.thread = threading.local()  # .context, the thread's current context
-        self.initialized = False
         self.devices: Counter = Counter()  # device id -> set_device references
         self.contexts: dict[int, int] = {}  # context -> device id
-        self.streams: dict[int, int] = {}  # stream -> context
+        self.streams: dict[int, _Stream] = {}
         self.regions: dict[int, _Region] = {}  # base address -> memory
         self.host_addresses: dict[tuple[int, int], int] = {}  # (real address, size) -> fake
-        self.mallocs: list[tuple[int, int, int]] = (
-            []
-        )  # every acl.rt.malloc: (address, size, policy)
+        self.mallocs: list[tuple[int, int, int]] = []  # every acl.rt.malloc: (address, size, policy)
         self.models: dict[int, _Model] = {}
         self.descs: dict[int, int | None] = {}  # desc -> model id it describes
         self.datasets: dict[int, list[int]] = {}  # dataset -> data buffers
@@ -184,12 +304,13 @@ class _State:
         self.next_address = {"device": 0x7F0000000000, "host": 0x550000000000}
 
     def address(self, kind: str, size: int) -> int:
-        """A fresh fake address, with a gap after each region so overruns hit nothing."""
+        """A fresh fake address, page aligned, with a gap after each region so overruns hit nothing."""
         address = self.next_address[kind]
         self.next_address[kind] = (address + size + 0x1FFF) // 0x1000 * 0x1000
         return address
 
 
+_process = _Process()
 _state = _State()
 
 
@@ -197,9 +318,23 @@ _state = _State()
 
 
 def fake_reset() -> None:
-    """Forgets every call, handle, allocation and injected error."""
+    """Forgets every call, handle, allocation, injected fault and hang.
+
+    ACL's process-wide initialisation survives it, as it survives every model of a real
+    process: for a fresh process, load a fresh copy of this module.
+    """
     global _state
+    _state.released.set()  # nothing stays blocked on a state that is gone
     _state = _State()
+
+
+def fake_newer_cann(enabled: bool = True) -> None:
+    """Behave as the newer CANN (acl.init again after acl.finalize) or, with False, the older one."""
+    _process.newer = enabled
+
+
+def fake_initialized() -> bool:
+    return _process.initialized
 
 
 def fake_calls() -> list[Call]:
@@ -211,14 +346,26 @@ def fake_call_names() -> list[str]:
 
 
 def fake_inject(
-    name: str, ret: int = ACL_ERROR_INTERNAL_ERROR, times: int = 1, after: int = 0
+    name: str, ret: int = ACL_ERROR_INTERNAL_ERROR, times: int = 1, after: int = 0, device: int | None = None
 ) -> None:
-    """The call `name` ('acl.rt.memcpy') fails with `ret` `times` times, after `after` successes.
-
-    A call returning `(value, ret)` then returns `(0, ret)`; one returning a handle returns 0.
-    """
+    """The call `name` fails with `ret` `times` times, after `after` successes (see the module doc)."""
     with _state.lock:
-        _state.injected[name] = [ACL_SUCCESS] * after + [ret] * times
+        _state.injected[(name, device)] = [ACL_SUCCESS] * after + [ret] * times
+
+
+def fake_hang(name: str, device: int | None = None) -> None:
+    """The next call `name` (on `device` if given) hangs until fake_release() (see the module doc)."""
+    with _state.lock:
+        _state.hangs[(name, device)] += 1
+
+
+def fake_release() -> None:
+    """Ends every hang: blocked calls go on, stuck streams run their tasks at their next synchronize."""
+    with _state.lock:
+        for stream in _state.streams.values():
+            stream.stuck = False
+        released, _state.released = _state.released, threading.Event()
+        released.set()
 
 
 def fake_set_utilization(device_id: int, **rates: int) -> None:
@@ -237,6 +384,11 @@ def fake_device_memory() -> dict[int, int]:
     return {a: len(r.memory) for a, r in _state.regions.items() if r.kind == "device"}
 
 
+def fake_host_memory() -> dict[int, int]:
+    """Live acl.rt.malloc_host allocations: address -> size."""
+    return {a: len(r.memory) for a, r in _state.regions.items() if r.pinned}
+
+
 def fake_read(address: int, size: int) -> bytes:
     """The bytes at a fake address (device or host), for assertions."""
     region, offset = _resolve(address, size)
@@ -246,10 +398,14 @@ def fake_read(address: int, size: int) -> bytes:
 
 
 def fake_leaks() -> dict[str, object]:
-    """Whatever is still held; {} when everything acquired was released."""
+    """Whatever a user of ACL still holds; {} when everything acquired was released.
+
+    ACL's own initialisation is not a leak: it lasts until the process ends (fake_initialized()).
+    """
     s = _state
     leaks = {
         "device_memory": fake_device_memory(),
+        "host_memory": fake_host_memory(),
         "data_buffers": sorted(s.data_buffers),
         "datasets": sorted(s.datasets),
         "descs": sorted(s.descs),
@@ -257,23 +413,29 @@ def fake_leaks() -> dict[str, object]:
         "streams": sorted(s.streams),
         "contexts": sorted(s.contexts),
         "devices": {d: n for d, n in s.devices.items() if n},
-        "initialized": s.initialized,
     }
     return {k: v for k, v in leaks.items() if v}
 
 
-def fake_write_om(path, inputs, outputs=None, dynamic_batch=None) -> Path:
+def fake_write_om(path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False) -> Path:
     """Writes a fake .om descriptor; tensors are (name, acl_dtype, dims) or dicts.
 
     `outputs` defaults to one output per input, "<input>_out", with its dtype and dims.
+    `atc_names`: name the outputs as ATC names those of a model converted from ONNX,
+    `<operator>:<edge>:<output name>` (aclmdlGetOutputNameByIndex, CANN 8.0:
+    hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1457.html);
+    the operator here is a made-up `node_<i>`. Inputs keep their names, as ATC keeps them.
     """
     inputs = [_as_dict(t) for t in inputs]
     if outputs is None:
         outputs = [{**t, "name": f"{t['name']}_out"} for t in inputs]
+    outputs = [_as_dict(t) for t in outputs]
+    if atc_names:
+        outputs = [{**t, "name": f"node_{i}:0:{t['name']}"} for i, t in enumerate(outputs)]
     descriptor = {
         "fake_acl_om": 1,
         "inputs": inputs,
-        "outputs": [_as_dict(t) for t in outputs],
+        "outputs": outputs,
         "dynamic_batch": list(dynamic_batch or []),
     }
     path = Path(path)
@@ -288,6 +450,45 @@ def _as_dict(tensor) -> dict:
     return {"name": name, "dtype": dtype, "dims": list(dims)}
 
 
+class ExternalUser:
+    """Another framework in this process using ACL through the same library.
+
+    As ONNX Runtime's CANN execution provider does: its provider library calls aclInit when it
+    loads and aclFinalize when it unloads (InitializeRegistry / DeleteRegistry in
+    onnxruntime/core/providers/cann/cann_execution_provider.cc), and its sessions set a device
+    and work in a context of their own.
+    """
+
+    def __init__(self, device_id: int = 0):
+        self.device_id = device_id
+        self.init_ret = init()  # 0: it initialised ACL; 100002: someone in the process had
+        ret = rt.set_device(device_id)
+        self.context, ret = rt.create_context(device_id) if ret == ACL_SUCCESS else (0, ret)
+        if ret != ACL_SUCCESS:
+            raise RuntimeError(f"external user: no context on device {device_id} (return code {ret})")
+
+    def works(self) -> bool:
+        """Whether its context still does device work (ACL not torn down under it)."""
+        if rt.set_context(self.context):
+            return False
+        address, ret = rt.malloc(64, ACL_MEM_MALLOC_HUGE_FIRST)
+        return ret == ACL_SUCCESS and rt.free(address) == ACL_SUCCESS
+
+    def close(self) -> None:
+        """Releases its context and device, as a session closing does (not ACL itself)."""
+        rt.set_context(self.context)
+        rt.destroy_context(self.context)
+        rt.reset_device(self.device_id)
+
+    def finalize(self) -> int:
+        """Its aclFinalize, as the provider library calls when it unloads."""
+        return finalize()
+
+
+def fake_external_user(device_id: int = 0) -> ExternalUser:
+    return ExternalUser(device_id)
+
+
 # ---- machinery -------------------------------------------------------------------------------
 
 
@@ -299,19 +500,39 @@ class _Fail(Exception):
         self.ret = ret
 
 
+class _Block(Exception):
+    """Raised inside a fake call that must wait until fake_release(); the call is then retried."""
+
+    def __init__(self, released: threading.Event):
+        super().__init__("blocked until fake_release()")
+        self.released = released
+
+
+def _failure(shape: str, ret: int):
+    return {"ret": ret, "pair": (0, ret), "handle": 0, "value": 0}[shape]
+
+
 def _api(name: str, shape: str):
-    """Records the call; turns _Fail and injected errors into the real return convention.
+    """Records the call; turns _Fail and injected faults into the real return convention.
 
     shape: "ret" (bare ret), "pair" ((value, ret)), "handle" (bare handle, 0 on failure),
-    "value" (a bare query result; never fails).
+    "value" (a bare query result; never fails). A blocked call waits outside the lock, so
+    other threads (other devices) go on.
     """
 
     def wrap(function):
         def call(*args):
-            with _state.lock:
-                result = _invoke(name, shape, function, args)
-                _state.calls.append(Call(name, args, result))
-                return result
+            while True:
+                with _state.lock:
+                    _apply_faults_file()
+                    try:
+                        result = _invoke(name, shape, function, args)
+                    except _Block as block:
+                        released = block.released
+                    else:
+                        _state.calls.append(Call(name, args, result))
+                        return result
+                released.wait()
 
         call.__name__ = function.__name__
         call.__qualname__ = name
@@ -322,17 +543,31 @@ def _api(name: str, shape: str):
 
 
 def _invoke(name: str, shape: str, function, args):
-    queue = _state.injected.get(name)
-    if queue:
-        ret = queue.pop(0)
-        if ret != ACL_SUCCESS:
-            _state.error.message = f"fake: injected failure of {name}"
-            return {"ret": ret, "pair": (0, ret), "handle": 0, "value": 0}[shape]
+    device = _device_of(name, args)
+    ret = _injected(name, device)
+    deferred = name in _ASYNC_CALLS and ret >= _DEVICE_FAILURES  # a failure of the task, not the call
+    if ret != ACL_SUCCESS:
+        _state.error.message = f"fake: injected failure of {name}"
+        if not deferred:
+            return _failure(shape, ret)
+    hang = _take_hang(name, device)
+    if hang and name == "acl.rt.synchronize_stream_with_timeout":
+        _stream(args[0]).stuck = True
+        _state.error.message = "fake: hung stream"
+        return ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+    if hang and name not in _ASYNC_CALLS:
+        raise _Block(_state.released)  # the hang is used up: the call runs when it is retried
     try:
         value = function(*args)
     except _Fail as failure:
         _state.error.message = f"fake {name}: {failure}"
-        return {"ret": failure.ret, "pair": (0, failure.ret), "handle": 0, "value": 0}[shape]
+        return _failure(shape, failure.ret)
+    if name in _ASYNC_CALLS and (deferred or hang):
+        stream = _state.streams[args[-1]]
+        if deferred:
+            call, _, model_id = stream.tasks.pop()
+            stream.tasks.append((call, _failing(name, ret), model_id))
+        stream.stuck = stream.stuck or hang
     if shape == "ret":
         return ACL_SUCCESS
     if shape == "pair":
@@ -340,9 +575,61 @@ def _invoke(name: str, shape: str, function, args):
     return value
 
 
+def _failing(name: str, ret: int):
+    def fail():
+        raise _Fail(ret, f"injected failure of the task of {name}")
+
+    return fail
+
+
+def _device_of(name: str, args) -> int | None:
+    if name in _DEVICE_ARGUMENT_CALLS and args:
+        return args[0]
+    return _state.contexts.get(getattr(_state.thread, "context", 0))
+
+
+def _injected(name: str, device: int | None) -> int:
+    for key in ((name, device), (name, None)):
+        queue = _state.injected.get(key)
+        if queue:
+            return queue.pop(0)
+    return ACL_SUCCESS
+
+
+def _take_hang(name: str, device: int | None) -> bool:
+    for key in ((name, device), (name, None)):
+        if _state.hangs[key] > 0:
+            _state.hangs[key] -= 1
+            return True
+    return False
+
+
+def _apply_faults_file() -> None:
+    """Arms what FAKE_ACL_FAULTS lists, once per new version of the file."""
+    path = os.environ.get("FAKE_ACL_FAULTS")
+    if not path:
+        return
+    try:
+        status = os.stat(path)
+        stamp = (status.st_mtime_ns, status.st_size, status.st_ino)
+        if stamp == _state.faults_stamp:
+            return
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return  # absent, or caught half written: read it at the next call
+    _state.faults_stamp = stamp
+    for entry in entries:
+        if entry.get("release"):
+            fake_release()
+        elif entry.get("hang"):
+            fake_hang(entry["call"], entry.get("device"))
+        else:
+            fake_inject(entry["call"], entry["ret"], entry.get("times", 1), entry.get("after", 0), entry.get("device"))
+
+
 def _require_init() -> None:
-    if not _state.initialized:
-        raise _Fail(ACL_ERROR_UNINITIALIZE, "acl.init has not been called")
+    if not _process.initialized:
+        raise _Fail(ACL_ERROR_UNINITIALIZE, "acl.init has not been called, or acl.finalize tore ACL down")
 
 
 def _require_context() -> int:
@@ -378,25 +665,65 @@ def _described(desc: int) -> _Model:
     return _state.models[model_id]
 
 
+def _stream(stream: int) -> _Stream:
+    if stream not in _state.streams:
+        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"no stream {stream!r}")
+    return _state.streams[stream]
+
+
+def _current_stream(stream: int) -> _Stream:
+    """A stream that belongs to the calling thread's current context."""
+    context = _require_context()
+    found = _stream(stream)
+    if found.context != context:
+        raise _Fail(ACL_ERROR_RT_STREAM_CONTEXT, "the stream is not in the current context")
+    return found
+
+
+def _run_tasks(stream: _Stream) -> int:
+    """Runs what the stream holds, in order; the first failure's code (the stream is then empty)."""
+    tasks, stream.tasks = stream.tasks, []
+    first = ACL_SUCCESS
+    for name, action, _ in tasks:
+        try:
+            action()
+        except _Fail as failure:
+            if first == ACL_SUCCESS:
+                first = failure.ret
+                _state.error.message = f"fake {name}: {failure}"
+    return first
+
+
 # ---- acl ---------------------------------------------------------------------------------------
 
 
 @_api("acl.init", "ret")
 def init(config_path: str | None = None):
-    if _state.initialized:
+    if _process.library is not None:
+        ret = _process.library.aclInit(config_path.encode() if config_path else None)
+        if ret != ACL_SUCCESS:
+            raise _Fail(ret, f"aclInit of {os.environ['FAKE_ACL_LIBRARY']} returned {ret}")
+        return
+    if _process.initialized:
         raise _Fail(ACL_ERROR_REPEAT_INITIALIZE, "acl.init was already called")
-    _state.initialized = True
+    if _process.finalized and not _process.newer:
+        # Older CANN's acl.cpp: aclFinalize never clears the "initialised" flag.
+        raise _Fail(ACL_ERROR_REPEAT_INITIALIZE, "acl.init after acl.finalize (older CANN: once per process)")
+    _process.initialized = True
 
 
 @_api("acl.finalize", "ret")
 def finalize():
-    if not _state.initialized:
+    if _process.library is not None:
+        ret = _process.library.aclFinalize()
+        if ret != ACL_SUCCESS:
+            raise _Fail(ret, f"aclFinalize of {os.environ['FAKE_ACL_LIBRARY']} returned {ret}")
+        return
+    if not _process.initialized:
         raise _Fail(ACL_ERROR_REPEAT_FINALIZE, "acl is not initialised")
-    if any(_state.devices.values()):
-        raise _Fail(
-            ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED, "devices are still set (fake: stricter)"
-        )
-    _state.initialized = False
+    # Tears ACL down for the whole process, whoever still holds devices and contexts.
+    _process.initialized = False
+    _process.finalized = True
 
 
 def get_recent_err_msg() -> str:
@@ -485,7 +812,7 @@ def _destroy_context(context: int):
     _require_init()
     if context not in _state.contexts:
         raise _Fail(ACL_ERROR_RT_CONTEXT_NULL, f"no context {context!r}")
-    if context in _state.streams.values():
+    if any(s.context == context for s in _state.streams.values()):
         raise _Fail(
             ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED,
             "streams remain in the context (fake: stricter)",
@@ -498,15 +825,52 @@ def _destroy_context(context: int):
 @_api("acl.rt.create_stream", "pair")
 def _create_stream():
     stream = _new_handle()
-    _state.streams[stream] = _require_context()
+    _state.streams[stream] = _Stream(_require_context())
     return stream
 
 
 @_api("acl.rt.destroy_stream", "ret")
 def _destroy_stream(stream: int):
+    """Waits for the stream's tasks to finish, then destroys it."""
     _require_context()
-    if _state.streams.pop(stream, None) is None:
-        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"no stream {stream!r}")
+    found = _stream(stream)
+    if found.stuck:
+        raise _Block(_state.released)
+    _run_tasks(found)
+    del _state.streams[stream]
+
+
+@_api("acl.rt.destroy_stream_force", "ret")
+def _destroy_stream_force(stream: int):
+    """Destroys the stream without waiting: its tasks are dropped."""
+    _require_context()
+    _stream(stream)
+    del _state.streams[stream]
+
+
+@_api("acl.rt.synchronize_stream", "ret")
+def _synchronize_stream(stream: int):
+    _require_init()
+    found = _stream(stream)
+    if found.stuck:
+        raise _Block(_state.released)
+    if ret := _run_tasks(found):
+        raise _Fail(ret, "a task of the stream failed")
+
+
+@_api("acl.rt.synchronize_stream_with_timeout", "ret")
+def _synchronize_stream_with_timeout(stream: int, timeout: int):
+    """timeout: -1 waits for ever (as synchronize_stream), > 0 milliseconds."""
+    _require_init()
+    if timeout != -1 and timeout <= 0:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"timeout {timeout!r} is neither -1 nor positive")
+    found = _stream(stream)
+    if found.stuck:
+        if timeout == -1:
+            raise _Block(_state.released)
+        raise _Fail(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, f"the stream's tasks did not finish within {timeout} ms")
+    if ret := _run_tasks(found):
+        raise _Fail(ret, "a task of the stream failed")
 
 
 @_api("acl.rt.malloc", "pair")
@@ -529,9 +893,28 @@ def _free(address: int):
     del _state.regions[address]
 
 
-@_api("acl.rt.memcpy", "ret")
-def _memcpy(dst: int, dest_max: int, src: int, count: int, kind: int):
+@_api("acl.rt.malloc_host", "pair")
+def _malloc_host(size: int):
+    """Pinned host memory, 64-byte aligned; its content is not initialised (the fake: zeros)."""
     _require_context()
+    if size <= 0:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"malloc_host({size})")
+    address = _state.address("host", size)
+    _state.regions[address] = _Region("host", memoryview(bytearray(size)), pinned=True)
+    return address
+
+
+@_api("acl.rt.free_host", "ret")
+def _free_host(address: int):
+    _require_init()
+    region = _state.regions.get(address)
+    if region is None or not region.pinned:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"{address!r} is not an acl.rt.malloc_host allocation")
+    del _state.regions[address]
+
+
+def _copy_between(dst: int, dest_max: int, src: int, count: int, kind: int) -> tuple[memoryview, memoryview, _Region]:
+    """The target and source memory of a copy, checked as aclrtMemcpy checks its arguments."""
     if count > dest_max:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"count {count} > dest_max {dest_max}")
     target, at = _resolve(dst, dest_max)
@@ -545,14 +928,33 @@ def _memcpy(dst: int, dest_max: int, src: int, count: int, kind: int):
         3: ("device", "device"),
     }
     if expected.get(kind) != (source.kind, target.kind):
-        raise _Fail(
-            ACL_ERROR_INVALID_PARAM, f"kind {kind} does not copy {source.kind} to {target.kind}"
-        )
+        raise _Fail(ACL_ERROR_INVALID_PARAM, f"kind {kind} does not copy {source.kind} to {target.kind}")
     if target.memory.readonly:
-        raise _Fail(
-            ACL_ERROR_INVALID_PARAM, "the fake will not write into an immutable bytes object"
-        )
-    target.memory[at : at + count] = source.memory[frm : frm + count]
+        raise _Fail(ACL_ERROR_INVALID_PARAM, "the fake will not write into an immutable bytes object")
+    host = source if source.kind == "host" else target
+    return target.memory[at : at + count], source.memory[frm : frm + count], host
+
+
+@_api("acl.rt.memcpy", "ret")
+def _memcpy(dst: int, dest_max: int, src: int, count: int, kind: int):
+    _require_context()
+    target, source, _ = _copy_between(dst, dest_max, src, count, kind)
+    target[:] = source
+
+
+@_api("acl.rt.memcpy_async", "ret")
+def _memcpy_async(dst: int, dest_max: int, src: int, count: int, kind: int, stream: int):
+    found = _current_stream(stream)
+    target, source, host = _copy_between(dst, dest_max, src, count, kind)
+    if dst % _ALIGNMENT or src % _ALIGNMENT:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, "memcpy_async wants 64-byte aligned addresses")
+    if kind in (ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST) and not host.pinned:
+        raise _Fail(ACL_ERROR_INVALID_PARAM, "host memory not from acl.rt.malloc_host (fake: stricter)")
+
+    def copy():
+        target[:] = source
+
+    found.tasks.append(("acl.rt.memcpy_async", copy, None))
 
 
 @_api("acl.rt.get_device_utilization_rate", "pair")
@@ -570,9 +972,15 @@ rt.set_context = _set_context
 rt.destroy_context = _destroy_context
 rt.create_stream = _create_stream
 rt.destroy_stream = _destroy_stream
+rt.destroy_stream_force = _destroy_stream_force
+rt.synchronize_stream = _synchronize_stream
+rt.synchronize_stream_with_timeout = _synchronize_stream_with_timeout
 rt.malloc = _malloc
 rt.free = _free
+rt.malloc_host = _malloc_host
+rt.free_host = _free_host
 rt.memcpy = _memcpy
+rt.memcpy_async = _memcpy_async
 rt.get_device_utilization_rate = _get_device_utilization_rate
 
 
@@ -606,6 +1014,24 @@ def _numpy_to_ptr(array):
     return _host_address(array, memoryview(array.reshape(-1).view(np.uint8)))
 
 
+@_api("acl.util.ptr_to_numpy", "value")
+def _ptr_to_numpy(address: int, shape: tuple, npy_type: int):
+    """A writable array over the memory at `address` (no copy), as pyACL's WrapPtrToNumpy builds it."""
+    warnings.warn(
+        "acl.util.ptr_to_numpy will be deprecated. Please use acl.util.ptr_to_bytes instead.",
+        Warning,
+        stacklevel=3,
+    )
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) for d in shape):
+        raise ValueError("acl.util.ptr_to_numpy args parse failed")  # PyArg_ParseTuple "kOi", a tuple of ints
+    dtype = _NPY_TYPES[npy_type]
+    count = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    region, offset = _resolve(address, count)
+    if region is None:  # the real one would read whatever is there
+        raise ValueError(f"fake acl: no memory of {count} bytes at {address:#x}")
+    return np.frombuffer(region.memory[offset : offset + count], dtype=dtype).reshape(shape)
+
+
 @_api("acl.util.bytes_to_ptr", "value")
 def _bytes_to_ptr(data):
     if not isinstance(data, bytes):  # the real one checks PyBytes_Check too
@@ -619,6 +1045,7 @@ def _ptr_to_bytes(address: int, size: int):
 
 
 util.numpy_to_ptr = _numpy_to_ptr
+util.ptr_to_numpy = _ptr_to_numpy
 util.bytes_to_ptr = _bytes_to_ptr
 util.ptr_to_bytes = _ptr_to_bytes
 
@@ -650,6 +1077,8 @@ def _load_from_file(path: str):
 def _unload(model_id: int):
     _require_context()
     _model(model_id)
+    if any(s.stuck and any(task[2] == model_id for task in s.tasks) for s in _state.streams.values()):
+        raise _Fail(ACL_ERROR_RT_MODEL_RUNNING, "the model is still executing")
     del _state.models[model_id]
 
 
@@ -814,23 +1243,45 @@ def _set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch_size:
     views[index][:_GEAR_INPUT_SIZE] = np.uint64(batch_size).tobytes()
 
 
-@_api("acl.mdl.execute", "ret")
-def _execute(model_id: int, input_dataset: int, output_dataset: int):
+def _execution(model_id: int, input_dataset: int, output_dataset: int):
+    """Checks an execution's arguments now; returns what runs it (output i from input i)."""
     model = _model(model_id)
     if _require_context() != model.context:
         raise _Fail(ACL_ERROR_RT_MODEL_CONTEXT, "the model was loaded under another context")
-    sources = _buffer_memory(model, input_dataset, model.inputs)
-    targets = _buffer_memory(model, output_dataset, model.outputs)
-    rows = None
-    if model.gears:
-        rows = int(np.frombuffer(sources[model.gear_index][:_GEAR_INPUT_SIZE], dtype=np.uint64)[0])
-        if rows not in model.gears:
-            raise _Fail(ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"gear input holds {rows}")
-    for source, target, tensor in zip(sources, targets, model.outputs):
-        count = model.size(tensor)
-        if rows is not None:
-            count = count // model.gears[-1] * rows  # only the rows of the gear run
-        target[:count] = source[:count]
+    _buffer_memory(model, input_dataset, model.inputs)
+    _buffer_memory(model, output_dataset, model.outputs)
+
+    def execute():
+        sources = _buffer_memory(model, input_dataset, model.inputs)
+        targets = _buffer_memory(model, output_dataset, model.outputs)
+        rows = None
+        if model.gears:
+            rows = int(np.frombuffer(sources[model.gear_index][:_GEAR_INPUT_SIZE], dtype=np.uint64)[0])
+            if rows not in model.gears:
+                raise _Fail(ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"gear input holds {rows}")
+        for source, target, given, made in zip(sources, targets, model.user_inputs, model.outputs):
+            count = model.size(given)
+            if rows is not None:
+                count = count // model.gears[-1] * rows  # only the rows of the gear run
+            if given["dtype"] == made["dtype"]:
+                target[:count] = source[:count]
+            else:  # ATC --output_type: the output is cast
+                values = np.frombuffer(source[:count], dtype=NUMPY_TYPES[given["dtype"]])
+                cast = values.astype(NUMPY_TYPES[made["dtype"]]).tobytes()
+                target[: len(cast)] = cast
+
+    return execute
+
+
+@_api("acl.mdl.execute", "ret")
+def _execute(model_id: int, input_dataset: int, output_dataset: int):
+    _execution(model_id, input_dataset, output_dataset)()
+
+
+@_api("acl.mdl.execute_async", "ret")
+def _execute_async(model_id: int, input_dataset: int, output_dataset: int, stream: int):
+    found = _current_stream(stream)
+    found.tasks.append(("acl.mdl.execute_async", _execution(model_id, input_dataset, output_dataset), model_id))
 
 
 mdl.load_from_file = _load_from_file
@@ -847,3 +1298,4 @@ mdl.get_dataset_buffer = _get_dataset_buffer
 mdl.destroy_dataset = _destroy_dataset
 mdl.set_dynamic_batch_size = _set_dynamic_batch_size
 mdl.execute = _execute
+mdl.execute_async = _execute_async

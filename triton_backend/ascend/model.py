@@ -9,6 +9,7 @@ file only translates between Triton's requests and the core's `Instance`.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,15 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kserve_ascend.core import config as cfg
-from kserve_ascend.core.errors import AscendError, InvalidInput
-from kserve_ascend.core.model import Instance, check_against_file, checked_sha256, complete_config
+from kserve_ascend.core import warmup
+from kserve_ascend.core.errors import AscendError, InvalidInput, ModelLoadError
+from kserve_ascend.core.instance import Instance, complete_config
+from kserve_ascend.core.model import checked_sha256
 from kserve_ascend.core.runtimes import load_runtime
 from kserve_ascend.core.signature import Signature
+
+#: The KServe server's `ascend_batch_padding_rows`, here one of Triton's custom metrics.
+PADDING_METRIC = "ascend_batch_padding_rows"
 
 
 def _model_config(config_json: str | dict) -> mc.ModelConfig:
@@ -73,10 +79,11 @@ class TritonPythonModel:
         return auto_complete_model_config
 
     def initialize(self, args: dict) -> None:
-        """Loads the version's file on this instance's device.
+        """Loads the version's file on this instance's device, then runs the default warmup.
 
         Triton passes `model_config` (JSON), `model_repository` (the model's directory),
         `model_version`, `model_instance_name`, `model_instance_kind` and `model_instance_device_id`.
+        A config with `model_warmup` is warmed up by Triton itself, after this returns.
         """
         config = _model_config(args["model_config"])
         version_dir = Path(args["model_repository"]) / args["model_version"]
@@ -84,18 +91,42 @@ class TritonPythonModel:
         path = cfg.model_file(config, version_dir)
         checked_sha256(config, path, int(args["model_version"]))  # refuses a file the config does not expect
         runtime = load_runtime(config, path, device_id)
-        pb_utils.Logger.log_info(
-            f"{args['model_instance_name']}: {runtime.path.name} with runtime {runtime.name} on device {device_id}"
-        )
+        name = args["model_instance_name"]
         self.signature = Signature(config)
         try:
-            check_against_file(self.signature, runtime)
+            self.instance = Instance(runtime, self.signature)
+            description = ", ".join(f"{k} {v}" for k, v in self.instance.parameters.items())
+            pb_utils.Logger.log_info(
+                f"{name}: {runtime.path.name} with runtime {runtime.name} on device {device_id}"
+                + (f" ({description})" if description else "")
+            )
+            if not config.model_warmup:
+                self._warm_up(name, config)
         except AscendError:
             runtime.close()
             raise
-        self.instance = Instance(runtime, self.signature)
         self.outputs = list(self.signature.outputs)
         self.prepare_request = runtime.prepare_request
+        # The family outlives its metric (the stub refuses the other order).
+        self.padding_family = pb_utils.MetricFamily(
+            name=PADDING_METRIC,
+            description="Zero rows added to batches to reach a batch size the model file takes",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        self.padding = self.padding_family.Metric(labels={"model": args["model_name"], "version": args["model_version"]})
+
+    def _warm_up(self, name: str, config: mc.ModelConfig) -> None:
+        samples = warmup.default_samples(config, self.instance)
+        if not samples:
+            return
+        start = time.perf_counter()
+        for sample in samples:
+            try:
+                self.instance.run_batch([sample.inputs])
+            except AscendError as error:
+                raise ModelLoadError(f"warmup sample '{sample.name}' failed: {error}") from None
+        self.instance.padding_rows = 0
+        pb_utils.Logger.log_info(f"{name}: warmed up in {(time.perf_counter() - start) * 1000:.0f} ms ({len(samples)} samples)")
 
     def execute(self, requests: list) -> list:
         """Runs the requests Triton's batcher gathered as one batch; a bad request fails alone."""
@@ -118,8 +149,11 @@ class TritonPythonModel:
             positions.append(position)
             wanted.append(request.requested_output_names() or self.outputs)
         if batch:
+            padded = self.instance.padding_rows
             try:
                 results = self.instance.run_batch(batch)
+                if self.instance.padding_rows > padded:
+                    self.padding.increment(self.instance.padding_rows - padded)
             except AscendError as error:
                 results = None
                 # InvalidInput here: data only the model could judge (an image that does not decode).
@@ -135,6 +169,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         """Releases the device."""
         self.instance.runtime.close()
+        del self.padding  # before its family
 
 
 def _error(error: Exception, code) -> "pb_utils.InferenceResponse":

@@ -4,30 +4,35 @@ Written against the real pyACL API, the `acl` Python module of the CANN toolkit,
 calling conventions of CANN's own Python samples:
 
 * a call that produces something returns `(value, ret)`: `acl.rt.create_context`,
-  `acl.rt.create_stream`, `acl.rt.malloc`, `acl.mdl.load_from_file`, `acl.mdl.get_input_dims`,
-  `acl.mdl.get_dynamic_batch`, `acl.mdl.get_input_index_by_name`, `acl.mdl.add_dataset_buffer`;
+  `acl.rt.create_stream`, `acl.rt.malloc`, `acl.rt.malloc_host`, `acl.mdl.load_from_file`,
+  `acl.mdl.get_input_dims`, `acl.mdl.get_dynamic_batch`, `acl.mdl.get_input_index_by_name`,
+  `acl.mdl.add_dataset_buffer`;
 * a call that only acts returns a bare `ret` (0 is success);
 * constructors of host-side structures return a bare handle, 0 when they fail
   (`acl.mdl.create_desc`, `acl.mdl.create_dataset`, `acl.create_data_buffer`), and queries of
   a model description return a bare value (counts, sizes, names, data types).
 
-Everything the device needs is made once at load (device buffers, data buffers, datasets,
-host staging arrays), so `run` only copies, executes and copies back.
+Everything the device needs is made once at load (device buffers, pinned host staging buffers,
+data buffers, datasets), so `run` only queues its copies and the execution on the instance's
+stream and waits once, with a timeout, for all of them.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import threading
 import warnings
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ..config import execution_timeout_s
 from ..datatypes import from_numpy, to_numpy
 from ..errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
 from .base import Runtime, TensorSpec
@@ -36,9 +41,33 @@ log = logging.getLogger(__name__)
 
 ACL_SUCCESS = 0
 ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2
+
+#: Return codes after which the context that saw them is not trusted again: the device stopped,
+#: faulted or lost a task (rt_error_codes.h, hicann/runtime
+#: include/external/acl/error_codes/rt_error_codes.h; meanings in its docs/03_api_ref/25-01_aclError.md,
+#: which sends every one of them to technical support). The instance goes out of rotation.
+CONTEXT_FATAL = frozenset({
+    107020,  # ACL_ERROR_RT_TASK_TIMEOUT
+    107022,  # ACL_ERROR_RT_DEVICE_TASK_ABORT
+    107023,  # ACL_ERROR_RT_STREAM_ABORT
+    107035,  # ACL_ERROR_RT_TASK_ABORT_STOP
+    207004,  # ACL_ERROR_RT_NO_DEVICE
+    507010,  # ACL_ERROR_RT_LOST_HEARTBEAT: the task scheduler stopped answering
+    507013,  # ACL_ERROR_RT_SYS_DMA
+    507014, 507015, 507016,  # ACL_ERROR_RT_AICORE_TIMEOUT, _EXCEPTION, _TRAP_EXCEPTION
+    507017, 507018,  # ACL_ERROR_RT_AICPU_TIMEOUT, _EXCEPTION
+    507034, 507035, 507036,  # ACL_ERROR_RT_VECTOR_CORE_TIMEOUT, _EXCEPTION, _TRAP_EXCEPTION
+    507042, 507043, 507044, 507045,  # AI Core / Vector Core trap read/write overflow
+    ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
+    507048, 507049, 507050,  # ACL_ERROR_RT_FFTS_PLUS_TIMEOUT, _EXCEPTION, _TRAP_EXCEPTION
+    507053, 507054,  # ACL_ERROR_RT_DEVICE_MEM_ERROR, ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR
+    507901,  # ACL_ERROR_RT_SOCKET_CLOSE: the host-device link is gone
+    545601,  # ACL_ERROR_GE_MODEL_EXECUTE_TIMEOUT
+})
 
 #: The extra model input ATC adds for --dynamic_batch_size; set_dynamic_batch_size fills it.
 DYNAMIC_BATCH_INPUT = "ascend_mbatch_shape_data"
@@ -76,33 +105,73 @@ def _import_acl() -> Any:
 
 
 class _ProcessAcl:
-    """acl.init once per process, acl.finalize when the last runtime using it closes."""
+    """ACL's initialisation, one per process, shared by every AclRuntime.
 
-    _lock = threading.Lock()
-    _users: dict[Any, int] = {}  # acl module -> open runtimes
-    _owned: dict[Any, bool] = {}  # acl module -> whether our acl.init did the initialising
+    `acl.init` runs once, when the first runtime loads; ACL_ERROR_REPEAT_INITIALIZE means another
+    framework in the process got there first and ACL is usable. ONNX Runtime's CANN execution
+    provider, which calls aclInit when its library loads, does not tolerate that code, so it is
+    given the chance to initialise ACL before our acl.init. `acl.finalize` runs only at exit, only if our
+    `acl.init` did the initialising and no runtime is open, because it cannot be undone: older
+    CANN allows "一个进程内只能调用一次acl.init" (pyACL acl.init, CANN 8.0.RC2), so after a finalize
+    the next model could never load; newer CANN's aclFinalize clears every aclInit's reference at
+    once (hicann/runtime docs/03_api_ref/02_初始化与去初始化.md), tearing ACL down under the other
+    frameworks of the process. Contexts and devices are still released by each runtime.
+    """
 
-    @classmethod
-    def acquire(cls, acl: Any) -> None:
-        with cls._lock:
-            if cls._users.get(acl, 0) == 0:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ready: set = set()  # acl modules initialised (by us or before us)
+        self._owned: set = set()  # those our acl.init initialised
+        self._users: Counter = Counter()  # acl module -> open runtimes
+
+    def join(self, acl: Any, device_id: int) -> None:
+        with self._lock:
+            if acl not in self._ready:
+                _let_onnxruntime_initialise_acl(device_id)
                 ret = acl.init()
-                # Someone else in the process (another framework) initialised ACL first:
-                # use it, and leave acl.finalize to them.
                 if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
                     raise DeviceError("acl.init", ret, _recent_error(acl))
-                cls._owned[acl] = ret == ACL_SUCCESS
-            cls._users[acl] = cls._users.get(acl, 0) + 1
+                self._ready.add(acl)
+                if ret == ACL_SUCCESS:
+                    self._owned.add(acl)
+            self._users[acl] += 1
 
-    @classmethod
-    def release(cls, acl: Any) -> None:
-        with cls._lock:
-            cls._users[acl] -= 1
-            if cls._users[acl]:
+    def leave(self, acl: Any) -> None:
+        with self._lock:
+            self._users[acl] -= 1
+
+    def finalize(self, acl: Any) -> None:
+        """acl.finalize, if our acl.init initialised ACL and no runtime holds a context any more."""
+        with self._lock:
+            if acl not in self._owned or self._users[acl]:
                 return
-            del cls._users[acl]
-            if cls._owned.pop(acl):
-                _check(acl, "acl.finalize", acl.finalize())
+            self._owned.discard(acl)
+            self._ready.discard(acl)
+            try:
+                ret = acl.finalize()
+            except Exception:  # exiting anyway: a broken runtime must not mask the exit status
+                ret = None
+            if ret != ACL_SUCCESS:
+                log.warning("acl.finalize at exit returned %s", ret)
+
+    def finalize_at_exit(self) -> None:
+        for acl in list(self._owned):
+            self.finalize(acl)
+
+
+def _let_onnxruntime_initialise_acl(device_id: int) -> None:
+    """The CANN execution provider throws on an ACL initialised before it, finalizing that ACL as
+    it gives up (runtimes/onnx.py, initialise_acl): when it is installed, it goes first."""
+    try:
+        from . import onnx
+    except ModelLoadError:  # no onnxruntime in this install
+        return
+    onnx.initialise_acl(device_id)
+
+
+_PROCESS_ACL = _ProcessAcl()
+# atexit, not a destructor: "不建议在析构函数中调用aclFinalize" (pyACL acl.finalize constraints).
+atexit.register(_PROCESS_ACL.finalize_at_exit)
 
 
 def _recent_error(acl: Any) -> str:
@@ -115,7 +184,7 @@ def _recent_error(acl: Any) -> str:
 
 def _check(acl: Any, call: str, ret: int) -> None:
     if ret != ACL_SUCCESS:
-        raise DeviceError(call, ret, _recent_error(acl))
+        raise DeviceError(call, ret, _recent_error(acl), fatal=ret in CONTEXT_FATAL)
 
 
 def _datatype_of(value: Any) -> str:
@@ -123,6 +192,38 @@ def _datatype_of(value: Any) -> str:
         return from_numpy(value.dtype)
     except (AttributeError, KeyError):
         return str(getattr(value, "dtype", type(value).__name__))
+
+
+def _onnx_name(name: str) -> str:
+    """The ONNX output name in an ATC output name `<operator>:<edge>:<name>`; else the name itself."""
+    parts = name.rsplit(":", 2)
+    return parts[2] if len(parts) == 3 and parts[1].isdigit() else name
+
+
+def served_output_names(file_names: Sequence[str], config_names: Sequence[str]) -> list[str]:
+    """The name each output of an `.om` file is served under.
+
+    ATC names the outputs of a model converted from ONNX `<operator>:<edge>:<output name>`, or
+    `<operator>:<edge>` when the conversion named output nodes (aclmdlGetOutputNameByIndex, CANN 8.0:
+    hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1457.html);
+    it keeps input names. So a file output is the config's output of the same name, else of the
+    name after its last ':'; when none matches either way and the config names as many outputs as
+    the file has, they pair in order (a config lists them in the ONNX model's order). A config that
+    names no outputs gets the ONNX names. An output no rule names keeps its file name, for the
+    config check to refuse.
+    """
+    wanted = set(config_names)
+    matched = [name if name in wanted else _onnx_name(name) if _onnx_name(name) in wanted else None
+               for name in file_names]
+    if config_names and not any(matched) and len(config_names) == len(file_names):
+        return list(config_names)
+    if not config_names:
+        matched = [_onnx_name(name) for name in file_names]
+    names = [served or name for served, name in zip(matched, file_names)]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ModelLoadError(f"several outputs of the model file answer to {twice}: {list(file_names)}")
+    return names
 
 
 @dataclass
@@ -135,8 +236,8 @@ class _Tensor:
     rows: int  # batch rows `size` holds; 0 when the tensor has no batch dimension
     device: int = 0  # acl.rt.malloc pointer
     data_buffer: int = 0  # acl.create_data_buffer handle over `device`
-    host: np.ndarray | None = None  # staging array, exactly `size` bytes
-    host_ptr: int = 0
+    host_ptr: int = 0  # acl.rt.malloc_host pointer, `size` bytes of pinned memory
+    host: np.ndarray | None = None  # a numpy view of host_ptr's memory
 
     @property
     def row_bytes(self) -> int:
@@ -156,8 +257,10 @@ class AclRuntime(Runtime):
         super().__init__(Path(path), device_id, config)
         if not self.path.is_file():
             raise ModelLoadError(f"OM model file {self.path} not found")
+        # aclrtSynchronizeStreamWithTimeout takes whole milliseconds, -1 or more than 0.
+        self._timeout_ms = max(1, round(execution_timeout_s(config) * 1000))
         self._acl = acl if acl is not None else _import_acl()
-        self._joined = False  # holds a reference on the process-wide acl.init
+        self._joined = False  # holds a reference on the process-wide ACL
         self._device_set = False
         self._context = 0
         self._stream = 0
@@ -171,6 +274,7 @@ class AclRuntime(Runtime):
         self._gears: tuple[int, ...] = ()  # dynamic batch gears, ascending
         self._gear_index: int | None = None  # index of DYNAMIC_BATCH_INPUT
         self._batch_sizes: tuple[int, ...] = ()  # batches one execute takes (gears or static)
+        self._fault: DeviceError | None = None  # what made the context unusable
         self._closed = False
         try:
             self._load()
@@ -182,7 +286,7 @@ class AclRuntime(Runtime):
 
     def _load(self) -> None:
         acl = self._acl
-        _ProcessAcl.acquire(acl)
+        _PROCESS_ACL.join(acl, self.device_id)
         self._joined = True
         self._call("acl.rt.set_device", acl.rt.set_device(self.device_id))
         self._device_set = True
@@ -197,6 +301,9 @@ class AclRuntime(Runtime):
         self._read_gears()
         self._read_tensors()
         self._choose_batching()
+        names = served_output_names([t.spec.name for t in self._outputs], [o.name for o in self.config.output])
+        for tensor, name in zip(self._outputs, names):
+            tensor.spec = replace(tensor.spec, name=name)
         self._allocate()
 
     def _read_gears(self) -> None:
@@ -290,20 +397,23 @@ class AclRuntime(Runtime):
             )
 
     def _allocate(self) -> None:
-        """The buffer pool: device memory, data buffers, datasets and host staging, once."""
+        """The buffer pool: device memory, pinned host staging, data buffers and datasets, once."""
+        acl = self._acl
         for tensor in self._slots + self._outputs:
             tensor.device = self._value(
-                "acl.rt.malloc", self._acl.rt.malloc(tensor.size, ACL_MEM_MALLOC_HUGE_FIRST)
+                "acl.rt.malloc", acl.rt.malloc(tensor.size, ACL_MEM_MALLOC_HUGE_FIRST)
             )
         for tensor in self._inputs + self._outputs:
+            # Pinned memory: what acl.rt.memcpy_async wants on the host side (CANN: other host
+            # memory "may cause unpredictable errors"), and it is copied without a bounce.
+            tensor.host_ptr = self._value("acl.rt.malloc_host", acl.rt.malloc_host(tensor.size))
             shape = (tensor.rows, *tensor.spec.shape[1:]) if tensor.rows else tensor.spec.shape
-            tensor.host = np.zeros(shape, dtype=tensor.dtype)
-            tensor.host_ptr = self._host_pointer(tensor.host)
-        self._input_dataset = self._handle("acl.mdl.create_dataset", self._acl.mdl.create_dataset())
+            with warnings.catch_warnings():  # "will be deprecated", on each call; one per buffer
+                warnings.simplefilter("ignore")
+                tensor.host = acl.util.ptr_to_numpy(tensor.host_ptr, tuple(shape), tensor.dtype.num)
+        self._input_dataset = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset())
         self._fill(self._input_dataset, self._slots)
-        self._output_dataset = self._handle(
-            "acl.mdl.create_dataset", self._acl.mdl.create_dataset()
-        )
+        self._output_dataset = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset())
         self._fill(self._output_dataset, self._outputs)
 
     def _fill(self, dataset: int, tensors: list[_Tensor]) -> None:
@@ -317,17 +427,6 @@ class AclRuntime(Runtime):
                 self._acl.mdl.add_dataset_buffer(dataset, tensor.data_buffer),
             )
 
-    def _host_pointer(self, array: np.ndarray) -> int:
-        # numpy_to_ptr gives the address of the array's own memory, so a staging array made
-        # once can be written in place (bytes_to_ptr only takes an immutable bytes object).
-        # pyACL warns that it "will be deprecated" on each call; this is one call per buffer.
-        to_ptr = getattr(self._acl.util, "numpy_to_ptr", None)
-        if to_ptr is None:
-            return array.ctypes.data  # the address numpy_to_ptr returns
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return to_ptr(array)
-
     # ---- the Runtime interface -----------------------------------------------------------
 
     @property
@@ -339,8 +438,8 @@ class AclRuntime(Runtime):
         return tuple(t.spec for t in self._outputs)
 
     @property
-    def max_batch_size(self) -> int:
-        return self._batch_sizes[-1] if self._batch_sizes else 0
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self._batch_sizes
 
     @property
     def info(self) -> Mapping[str, str]:
@@ -374,26 +473,75 @@ class AclRuntime(Runtime):
     ) -> dict[str, np.ndarray]:
         if self._closed:
             raise ModelNotReady(f"{self.path} has been unloaded")
+        if self._fault is not None:
+            raise DeviceError(
+                self._fault.call, self._fault.ret,
+                f"{self.path.name} on device {self.device_id} is out of service since this failure; "
+                "reload the model", fatal=True,
+            )
         wanted = self._wanted_outputs(output_names)
         rows = self._batch_of(inputs)
-        gear = next(g for g in self._batch_sizes if g >= rows) if rows is not None else None
+        try:
+            self._execute(inputs, wanted, rows)
+        except DeviceError as error:
+            if error.fatal:
+                self._fault = error
+            else:
+                self._drain()
+            raise
+        return {t.spec.name: (t.host[:rows] if rows is not None else t.host).copy() for t in wanted}
+
+    def _execute(self, inputs: Mapping[str, np.ndarray], wanted: list[_Tensor], rows: int | None) -> None:
+        """Stages the inputs, queues H2D copies, the execution and D2H copies, waits once."""
         acl = self._acl
         # ACL contexts are bound to threads: make ours current in whichever thread runs.
         self._call("acl.rt.set_context", acl.rt.set_context(self._context))
         for tensor in self._inputs:
-            self._stage(tensor, inputs[tensor.spec.name], rows, gear)
+            if rows is None:
+                tensor.host[...] = inputs[tensor.spec.name]
+            else:
+                tensor.host[:rows] = inputs[tensor.spec.name]
+            self._copy(tensor.device, tensor.size, tensor.host_ptr, tensor.nbytes(rows), ACL_MEMCPY_HOST_TO_DEVICE)
         if self._gears:
             self._call(
                 "acl.mdl.set_dynamic_batch_size",
-                acl.mdl.set_dynamic_batch_size(
-                    self._model_id, self._input_dataset, self._gear_index, gear
-                ),
+                acl.mdl.set_dynamic_batch_size(self._model_id, self._input_dataset, self._gear_index, rows),
             )
         self._call(
-            "acl.mdl.execute",
-            acl.mdl.execute(self._model_id, self._input_dataset, self._output_dataset),
+            "acl.mdl.execute_async",
+            acl.mdl.execute_async(self._model_id, self._input_dataset, self._output_dataset, self._stream),
         )
-        return {t.spec.name: self._fetch(t, rows) for t in wanted}
+        for tensor in wanted:
+            self._copy(tensor.host_ptr, tensor.size, tensor.device, tensor.nbytes(rows), ACL_MEMCPY_DEVICE_TO_HOST)
+        self._synchronize()
+
+    def _copy(self, dst: int, dest_max: int, src: int, count: int, kind: int) -> None:
+        self._call(
+            "acl.rt.memcpy_async", self._acl.rt.memcpy_async(dst, dest_max, src, count, kind, self._stream)
+        )
+
+    def _synchronize(self) -> None:
+        """Waits for the stream; a batch that outlives execution_timeout_ms means a hung device."""
+        rt = self._acl.rt
+        sync = getattr(rt, "synchronize_stream_with_timeout", None)
+        if sync is None:  # a pyACL older than the call: no timeout, a hung device blocks this instance
+            self._call("acl.rt.synchronize_stream", rt.synchronize_stream(self._stream))
+            return
+        ret = sync(self._stream, self._timeout_ms)
+        if ret == ACL_ERROR_RT_STREAM_SYNC_TIMEOUT:
+            raise DeviceError(
+                "acl.rt.synchronize_stream_with_timeout", ret,
+                f"the batch did not finish within execution_timeout_ms={self._timeout_ms}", fatal=True,
+            )
+        self._call("acl.rt.synchronize_stream_with_timeout", ret)
+
+    def _drain(self) -> None:
+        """After a failed batch: lets what it queued finish, so the next batch starts on an empty stream."""
+        try:
+            self._synchronize()
+        except DeviceError as error:
+            if error.fatal:
+                self._fault = error
 
     def _wanted_outputs(self, names: Sequence[str]) -> list[_Tensor]:
         if not names:
@@ -420,10 +568,11 @@ class AclRuntime(Runtime):
         if len(batches) > 1:
             raise InvalidInput(f"inputs have different batch sizes {sorted(batches)}")
         rows = batches.pop() if batches else None
-        if rows is not None and not 1 <= rows <= self.max_batch_size:
-            raise InvalidInput(
-                f"batch of {rows} is outside 1..{self.max_batch_size}: {self.path.name} was "
-                f"compiled for batches {','.join(map(str, self._batch_sizes))}"
+        if rows is not None and rows not in self._batch_sizes:
+            # The Instance pads a batch to the next of these sizes and splits larger ones.
+            raise ValueError(
+                f"{self.path.name} runs batches of {','.join(map(str, self._batch_sizes))} rows only, "
+                f"not {rows}"
             )
         return rows
 
@@ -442,40 +591,6 @@ class AclRuntime(Runtime):
                 f"input {spec.name}: shape {list(array.shape)} does not match {list(spec.shape)}"
             )
         return array.shape[0] if tensor.rows else None
-
-    def _stage(
-        self, tensor: _Tensor, array: np.ndarray, rows: int | None, gear: int | None
-    ) -> None:
-        """Host staging, then H2D of the rows the gear runs (the padding rows are zeros)."""
-        if rows is None:
-            tensor.host[...] = array
-        else:
-            tensor.host[:rows] = array
-            tensor.host[rows:gear] = 0
-        self._call(
-            "acl.rt.memcpy",
-            self._acl.rt.memcpy(
-                tensor.device,
-                tensor.size,
-                tensor.host_ptr,
-                tensor.nbytes(gear),
-                ACL_MEMCPY_HOST_TO_DEVICE,
-            ),
-        )
-
-    def _fetch(self, tensor: _Tensor, rows: int | None) -> np.ndarray:
-        """D2H of the rows the request asked for; the copy frees the staging for the next run."""
-        self._call(
-            "acl.rt.memcpy",
-            self._acl.rt.memcpy(
-                tensor.host_ptr,
-                tensor.size,
-                tensor.device,
-                tensor.nbytes(rows),
-                ACL_MEMCPY_DEVICE_TO_HOST,
-            ),
-        )
-        return tensor.host[:rows].copy() if rows is not None else tensor.host.copy()
 
     def close(self) -> None:
         if not self._closed:
@@ -497,6 +612,11 @@ class AclRuntime(Runtime):
 
         if self._context:
             attempt("acl.rt.set_context", lambda: acl.rt.set_context(self._context))
+        force = getattr(acl.rt, "destroy_stream_force", None)
+        if self._stream and self._fault is not None and force is not None:
+            # A task may be stuck on the stream for good: drop it rather than wait for it.
+            attempt("acl.rt.destroy_stream_force", lambda: force(self._stream))
+            self._stream = 0
         for tensor in self._slots + self._outputs:
             if tensor.data_buffer:
                 attempt(
@@ -512,7 +632,10 @@ class AclRuntime(Runtime):
             if tensor.device:
                 attempt("acl.rt.free", lambda t=tensor: acl.rt.free(t.device))
                 tensor.device = 0
-            tensor.host, tensor.host_ptr = None, 0
+            tensor.host = None  # the view must not outlive the memory
+            if tensor.host_ptr:
+                attempt("acl.rt.free_host", lambda t=tensor: acl.rt.free_host(t.host_ptr))
+                tensor.host_ptr = 0
         if self._model_id is not None:
             attempt("acl.mdl.unload", lambda: acl.mdl.unload(self._model_id))
             self._model_id = None
@@ -530,10 +653,7 @@ class AclRuntime(Runtime):
             self._device_set = False
         if self._joined:
             self._joined = False
-            try:
-                _ProcessAcl.release(acl)
-            except DeviceError as error:
-                errors.append(error)
+            _PROCESS_ACL.leave(acl)
         for error in errors:
             log.warning("releasing %s: %s", self.path, error)
         if errors and raise_errors:

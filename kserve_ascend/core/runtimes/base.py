@@ -53,21 +53,47 @@ class Runtime(ABC):
     @property
     @abstractmethod
     def inputs(self) -> Sequence[TensorSpec]:
-        """The model's inputs as described by the model file."""
+        """The model's inputs as described by the model file (its datatypes: FP16 stays FP16)."""
 
     @property
     @abstractmethod
     def outputs(self) -> Sequence[TensorSpec]:
-        """The model's outputs as described by the model file."""
+        """The model's outputs as described by the model file, under the names the config uses.
+
+        Where the file's naming differs by construction (ATC names the outputs of a converted
+        model `opname:idx:name`), the runtime reports them as the config names them.
+        """
+
+    #: Whether the first execution of each new input shape is slow (a provider that compiles
+    #: a graph per shape, as ONNX Runtime's CANN execution provider does): the default warmup
+    #: then runs every batch size the batcher can form, not only `batch_sizes`.
+    compiles_per_shape: bool = False
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes one `run` takes, ascending, when the model file fixes them.
+
+        `(B,)` for a file of static batch B (an `.om` compiled for one batch, an ONNX whose
+        first dimension is a number), the gears of an `.om` compiled with ATC
+        `--dynamic_batch_size`; `()` when the file takes any batch (a variable first
+        dimension) or does not batch. The `Instance` pads a batch with zero rows up to the
+        smallest size that holds it and splits a larger one into several runs, so a runtime
+        is never handed a batch of another size.
+        """
+        return ()
 
     @property
     def max_batch_size(self) -> int:
         """The largest batch one `run` accepts, as the model file allows (0: any)."""
-        return 0
+        return self.batch_sizes[-1] if self.batch_sizes else 0
 
     @property
     def info(self) -> Mapping[str, str]:
-        """What this runtime chose (provider, device...), shown in model metadata parameters."""
+        """What this runtime chose (provider, device...), shown in model metadata parameters.
+
+        A runtime serving below what the config asked for (the CPU where the CANN execution
+        provider was wanted) says `"degraded": "true"` and why in `"degraded_reason"`.
+        """
         return {"runtime": self.name, "device_id": str(self.device_id)}
 
     @abstractmethod
