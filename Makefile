@@ -7,6 +7,8 @@ BENCH_STAMP := $(VENV)/.bench-installed
 # The `ascend` install (onnxruntime-cann) beside the CPU one: the two cannot share a virtualenv.
 CANN_VENV  := $(VENV)/cann
 CANN_STAMP := $(CANN_VENV)/.installed
+# Triton's perf_analyzer 2.51, taken from the tritonclient 2.51.0 wheel (tools/perf_analyzer.py).
+PERF_ANALYZER := $(VENV)/perf_analyzer/bin/perf_analyzer
 
 MODEL_DIR ?= model_repository
 HTTP_PORT ?= 8080
@@ -32,10 +34,16 @@ $(CANN_STAMP): pyproject.toml
 	$(CANN_VENV)/bin/pip check
 	touch $@
 
+# Once: pip downloads the wheel, the binary is extracted and linked to the libb64 and libcudart that
+# nvidia-pytriton (a test dependency) ships. The target is the binary itself.
+$(PERF_ANALYZER): $(STAMP) tools/perf_analyzer.py
+	$(BIN)/python tools/perf_analyzer.py
+	touch $@
+
 serve: $(STAMP)
 	$(BIN)/python -m kserve_ascend --model_dir $(MODEL_DIR) --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT)
 
-test: $(STAMP) $(CANN_STAMP)
+test: $(STAMP) $(CANN_STAMP) $(PERF_ANALYZER)
 	$(BIN)/python -m pytest
 
 # On an Ascend host (CANN toolkit installed, set_env.sh sourced): CANN, pyACL, an NPU, the CANN
@@ -51,9 +59,10 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[cpu,test,bench]'
 	touch $@
 
-# The same load against five scenarios (bench/run.py), ~12 min: bench/results/results.md, qps_p99.png, results.json.
+# The same loads against five scenarios (bench/run.py; hey, perf_analyzer and tritonclient), ~17 min:
+# bench/results/results.md, qps_p99.png, results.json.
 # `make bench BENCH_ARGS=--quick` (1 s per point, concurrency 1 and 10) checks that it runs.
-bench: $(BENCH_STAMP)
+bench: $(BENCH_STAMP) $(PERF_ANALYZER)
 	command -v hey >/dev/null || apt-get install -y -qq hey || { apt-get update -qq && apt-get install -y -qq hey; }
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 	$(BIN)/python bench/detect.py
@@ -62,6 +71,8 @@ bench: $(BENCH_STAMP)
 models: $(STAMP)
 	$(BIN)/python tools/make_simple.py
 	$(BIN)/python tools/make_yolov8n.py
+	$(BIN)/python tools/make_sequence_models.py
+	$(BIN)/python tools/make_simple_string.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

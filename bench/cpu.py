@@ -40,8 +40,8 @@ def _rusage(who: int) -> float:
 class CpuMeter:
     """Measures a block; `cores()` gives the mean cores used by the server, the load, and others.
 
-    The load is this process and its children that ended during the block (hey, grpc_load.py,
-    raw.py), which getrusage counts once they have been waited for.
+    The load is this process and its children that ended during the block (hey, perf_analyzer,
+    grpc_load.py, raw.py), which getrusage counts once they have been waited for.
     """
 
     def __init__(self, server_pid: int | None = None):

@@ -5,9 +5,15 @@
 Scenarios (servers.SCENARIOS): the executor called in-process at max_batch_size, kserve_ascend
 without and with dynamic batching, real Triton with the `ascend` backend, and a stock KServe
 custom model. Every server serves all three models on free loopback ports and is stopped
-before the next starts. Loads: hey (JSON over HTTP) for sim and simple, grpc_load.py
-(tritonclient gRPC, raw tensors) for all three; concurrency 1, 10, 64. One line per point
-is printed as it finishes; report.py writes results.md, qps_p99.png and results.json.
+before the next starts. Loads (PROTOCOLS), closed loop at concurrency 1, 10, 64:
+- `http`: JSON over HTTP with hey, for sim and simple;
+- `binary` and `grpc`: binary tensors over HTTP and raw tensors over gRPC with perf_analyzer
+  (Triton's load generator, pa_load.py), for all three, on every server but stock KServe,
+  which lacks the model configuration perf_analyzer needs;
+- `grpc-py`: raw tensors over gRPC with tritonclient's asyncio client (grpc_load.py), on stock
+  KServe and, to compare with it under the same load generator, kserve_ascend with batching.
+One line per point is printed as it finishes; report.py writes results.md, qps_p99.png and
+results.json.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import time
 from pathlib import Path
 
 import hey_load
+import pa_load
 import report
 import servers
 from cpu import CpuMeter, wait_for_quiet
@@ -30,8 +37,18 @@ from payloads import json_body
 
 BENCH = Path(__file__).resolve().parent
 MODELS = ("sim", "simple", "yolov8n")
-#: JSON of a [1,3,640,640] image is 1.2 M numbers in text: that model goes over gRPC only.
-PROTOCOLS = {"sim": ("http", "grpc"), "simple": ("http", "grpc"), "yolov8n": ("grpc",)}
+#: JSON of a [1,3,640,640] image is 1.2 M numbers in text: that model goes in binary only.
+PROTOCOLS = {"sim": ("http", "binary", "grpc", "grpc-py"), "simple": ("http", "binary", "grpc", "grpc-py"), "yolov8n": ("binary", "grpc", "grpc-py")}
+#: The loads perf_analyzer generates.
+PERF_ANALYZER_PROTOCOLS = frozenset({"binary", "grpc"})
+
+
+def protocols(model: str, scenario: str) -> list[str]:
+    """The loads of a model on a scenario's server."""
+    if scenario == "stock":  # no model configuration extension: perf_analyzer cannot drive it
+        return [p for p in PROTOCOLS[model] if p not in PERF_ANALYZER_PROTOCOLS]
+    # grpc-py is stock KServe's gRPC load: run on kserve_ascend with batching to compare under the same generator.
+    return [p for p in PROTOCOLS[model] if p != "grpc-py" or scenario == "batch"]
 
 
 def python_json(script: str, *args) -> dict:
@@ -46,7 +63,8 @@ class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path):
         self.args, self.workdir = args, workdir
         self.points: list[dict] = []
-        self.total = 2 * len(MODELS) + sum(len(PROTOCOLS[m]) for m in MODELS) * len(args.concurrency) * (len(servers.SCENARIOS) - 1)
+        served = [s for s in servers.SCENARIOS if s != "raw"]
+        self.total = 2 * len(MODELS) + sum(len(protocols(m, s)) for m in MODELS for s in served) * len(args.concurrency)
         for model in MODELS:
             (workdir / f"{model}.json").write_bytes(json_body(model))
 
@@ -60,7 +78,7 @@ class Bench:
         if point["waited_s"] > 2:
             cpu += f" (waited {point['waited_s']:.0f} s for a quiet machine)"
         print(
-            f"[{len(self.points):2d}/{self.total}] {point['model']:8s}{point['scenario']:8s}{point['protocol']:6s}"
+            f"[{len(self.points):2d}/{self.total}] {point['model']:8s}{point['scenario']:8s}{point['protocol']:8s}"
             f"c={point['concurrency']:<3}{point['qps']:9.1f} /s  p50 {p50:>7} ms  p99 {p99:>7} ms{cpu}{rss}{errors}",
             flush=True,
         )
@@ -76,7 +94,7 @@ class Bench:
     def server(self, scenario: str) -> None:
         with servers.running(scenario, self.workdir, self.args.out / "logs") as server:
             for model in MODELS:
-                for protocol in PROTOCOLS[model]:
+                for protocol in protocols(model, scenario):
                     for concurrency in self.args.concurrency:
                         point = self.measure(lambda: self.load(server, model, protocol, concurrency), server)
                         self.record({"model": model, "scenario": scenario, "protocol": protocol, "concurrency": concurrency, **point})
@@ -102,6 +120,8 @@ class Bench:
         if protocol == "http":
             url = f"{server.url}/v2/models/{model}/infer"
             return hey_load.load(url, self.workdir / f"{model}.json", concurrency, a.duration, a.warmup)
+        if protocol in PERF_ANALYZER_PROTOCOLS:
+            return pa_load.load(server, model, protocol, concurrency, a.duration, a.warmup, self.workdir)
         return python_json(
             "grpc_load.py", "--url", server.grpc, "--model", model, "--concurrency", concurrency,
             "--duration", a.duration, "--warmup", a.warmup,

@@ -158,6 +158,21 @@ def start_triton(model_dir: Path, workdir: Path, *extra: str, wait_ready: bool =
     return wait_until(triton, lambda: requests.get(triton.url + path, timeout=1).status_code == 200, timeout=120)
 
 
+def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True):
+    """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository."""
+    ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", wait_ready=wait_ready)
+    try:
+        triton = start_triton(repository, tmp_path_factory.mktemp("triton"), *triton_args, wait_ready=wait_ready)
+    except BaseException:
+        stop_server(ours)
+        raise
+    try:
+        yield {"kserve-ascend": ours, "triton": triton}
+    finally:
+        stop_server(triton)
+        stop_server(ours)
+
+
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory) -> Server:
     """Real Triton 2.51 on the project's own model_repository/."""

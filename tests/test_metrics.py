@@ -154,7 +154,8 @@ def test_request_counts_match_the_requests_sent(scrape, sent, model):
     assert scrape("inference_queue_depth", **labels) == scrape("nv_inference_pending_request_count", **labels) == 0
     # Triton's sample names exactly, with no `_total` suffix.
     assert {"nv_inference_request_success", "nv_inference_exec_count", "nv_inference_request_duration_us",
-            "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us"} <= {s.name for s in scrape.samples}
+            "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+            "nv_inference_compute_output_duration_us"} <= {s.name for s in scrape.samples}
 
 
 @pytest.mark.parametrize("model", ["simple", "sim", "slow"])
@@ -202,7 +203,8 @@ def test_statistics_extension_agrees_with_the_metrics(metrics_server, scrape):
         assert scrape("nv_inference_exec_count", **labels) == stats["execution_count"]
         assert scrape("nv_inference_request_duration_us", **labels) == inference["success"]["ns"] // 1000
         assert scrape("nv_inference_queue_duration_us", **labels) == inference["queue"]["ns"] // 1000
-        assert scrape("nv_inference_compute_infer_duration_us", **labels) == inference["compute_infer"]["ns"] // 1000
+        for phase in ("input", "infer", "output"):
+            assert scrape(f"nv_inference_compute_{phase}_duration_us", **labels) == inference[f"compute_{phase}"]["ns"] // 1000
         buckets = scrape.buckets("batch_size_distribution", **labels)
         for bound, count in buckets.items():
             assert count == sum(b["compute_infer"]["count"] for b in stats["batch_stats"] if b["batch_size"] <= bound)

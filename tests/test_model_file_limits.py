@@ -99,6 +99,26 @@ def test_a_batch_above_a_static_batch_runs_as_several_executions(size, rows, exe
     assert instance.parameters["batch_split"] == f"batches of up to 8 rows run as executions of {size}"
 
 
+class StringFileRuntime(FileRuntime):
+    """A file of static batch 4 that parses its text, as a Cast string->int32 does: "" fails the batch."""
+
+    inputs = property(lambda self: [TensorSpec("x", "BYTES", (4, 2))])
+    outputs = property(lambda self: [TensorSpec("y", "BYTES", (4, 2))])
+
+    def run(self, inputs, output_names):
+        self.batches.append(inputs["x"].copy())
+        return {"y": np.vectorize(lambda text: str(int(text) * 2).encode(), otypes=[object])(inputs["x"])}
+
+
+def test_string_batches_are_padded_with_a_real_row_not_empty_strings():
+    runtime = StringFileRuntime(batch_sizes=(4,))
+    instance = Instance(runtime, signature(8, "TYPE_STRING"))
+    rows = np.array([[b"1", b"2"], [b"3", b"4"]], dtype=object)
+    (answer,) = instance.run_batch([{"x": rows}])
+    assert answer["y"].tolist() == [[b"2", b"4"], [b"6", b"8"]]
+    assert runtime.batches[0][2:].tolist() == [[b"3", b"4"]] * 2
+
+
 def test_a_file_that_takes_any_batch_gets_the_batch_as_it_is():
     runtime = FileRuntime()
     instance = Instance(runtime, signature(8))

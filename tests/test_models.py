@@ -29,3 +29,10 @@ def test_yolov8n_is_reproducible_and_small():
     assert len(committed) < 15 * 2**20
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer if t.name.endswith((".weight", ".bias")))
     assert params == 3_151_904  # ultralytics' count for the fused YOLOv8n
+
+
+def test_simple_string_is_reproducible():
+    from make_simple_string import build_simple_string
+
+    committed = (ROOT / "conformance" / "models" / "simple_string" / "1" / "model.onnx").read_bytes()
+    assert digest(build_simple_string().SerializeToString()) == digest(committed)

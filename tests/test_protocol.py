@@ -183,3 +183,29 @@ def test_binary_outputs_on_request_from_plain_http(server):
     assert out0["parameters"]["binary_data_size"] == 64 and "data" not in out0
     assert out1["data"] == [i - 2 for i in range(16)]
     np.testing.assert_array_equal(np.frombuffer(response.content[header_length:], np.int32), np.arange(16) + 2)
+
+
+def test_grpc_stream_requests_run_concurrently_and_batch_together(server):
+    """As in Triton, a stream's requests do not wait for each other: eight requests written at once
+    to `sim` batch together (one at a time they would take eight executions), and each response
+    carries its request's id and rows."""
+    import queue
+
+    answers: queue.Queue = queue.Queue()
+    sent = {f"r{i}": np.full((1, 4), i, np.float32) for i in range(8)}
+    with grpcclient.InferenceServerClient(server.grpc) as client:
+        before = client.get_inference_statistics("sim").model_stats[0].execution_count
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for request_id, data in sent.items():
+            tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+            tensor.set_data_from_numpy(data)
+            client.async_stream_infer("sim", [tensor], request_id=request_id)
+        received = [answers.get(timeout=30) for _ in sent]
+        client.stop_stream()
+        executions = client.get_inference_statistics("sim").model_stats[0].execution_count - before
+    assert [error for _, error in received if error] == []
+    by_id = {result.get_response().id: result.as_numpy("OUTPUT0") for result, _ in received}
+    assert by_id.keys() == sent.keys()
+    for request_id, data in sent.items():
+        np.testing.assert_array_equal(by_id[request_id], data)
+    assert executions < len(sent), f"{executions} executions for {len(sent)} requests: the stream ran them one by one"

@@ -141,15 +141,13 @@ def test_triton_simple_shm_client_flow(server, client_kind, request):
         read = {}
         for index, name in enumerate(("OUTPUT0", "OUTPUT1")):
             output = result.get_output(name)
+            # As Triton answers (test_perf_analyzer.py compares): the output's name, datatype and shape only.
             if client_kind == "http":
-                datatype, shape, params = output["datatype"], output["shape"], output["parameters"]
-                assert "data" not in output and "binary_data_size" not in params
+                assert set(output) == {"name", "datatype", "shape"}
+                datatype, shape = output["datatype"], output["shape"]
             else:
+                assert not output.parameters and result.get_response().raw_output_contents[index] == b""
                 datatype, shape = output.datatype, list(output.shape)
-                params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in output.parameters.items()}
-                assert result.get_response().raw_output_contents[index] == b""
-            assert params["shared_memory_region"] == "output_data" and params["shared_memory_byte_size"] == TENSOR
-            assert params.get("shared_memory_offset", 0) == index * TENSOR
             read[name] = shm.get_contents_as_numpy(out_handle, triton_to_np_dtype(datatype), shape, offset=index * TENSOR)
         np.testing.assert_array_equal(read["OUTPUT0"], INPUT0 + INPUT1)
         np.testing.assert_array_equal(read["OUTPUT1"], INPUT0 - INPUT1)

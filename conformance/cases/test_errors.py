@@ -97,3 +97,76 @@ def test_grpc_client_mistake_has_its_status_code(stub, case):
         stub.ModelInfer(request)
     assert raised.value.code() in codes, f"{raised.value.code()}: {raised.value.details()}"
     assert raised.value.details()
+
+
+# ---- error texts Triton's clients and examples match on ------------------------------------------
+
+TRITON_EXAMPLES = "Triton client examples (simple_http_infer_client.py, simple_grpc_health_metadata.py): error texts"
+
+
+@pytest.mark.spec(TRITON_EXAMPLES)
+@pytest.mark.parametrize("path", ["/v2/models/no_such_model", "/v2/models/no_such_model/infer", "/v2/models/simple/versions/999/infer"])
+def test_rest_unknown_model_error_says_request_for_unknown_model(url, path):
+    response = requests.post(url + path, json=simple_body()) if path.endswith("infer") else requests.get(url + path)
+    assert response.status_code == 404
+    assert response.json()["error"].startswith("Request for unknown model")
+
+
+@pytest.mark.spec(TRITON_EXAMPLES)
+@pytest.mark.parametrize("rpc", ["ModelMetadata", "ModelConfig", "ModelInfer"])
+@pytest.mark.parametrize("version", ["", "999"])
+def test_grpc_unknown_model_error_says_request_for_unknown_model(stub, rpc, version):
+    model = "simple" if version else "no_such_model"
+    request = {
+        "ModelMetadata": pb.ModelMetadataRequest(name=model, version=version),
+        "ModelConfig": pb.ModelConfigRequest(name=model, version=version),
+        "ModelInfer": grpc_request(model=model, version=version),
+    }[rpc]
+    with pytest.raises(grpclib.RpcError) as raised:
+        getattr(stub, rpc)(request)
+    assert raised.value.code() == grpclib.StatusCode.NOT_FOUND
+    assert raised.value.details().startswith("Request for unknown model")
+
+
+@pytest.mark.spec("Triton's GetModelVersionFromString: a version string that is no number is INVALID_ARGUMENT")
+@pytest.mark.parametrize("rpc", ["ModelReady", "ModelMetadata", "ModelInfer"])
+def test_grpc_bad_version_string_is_invalid_argument(stub, rpc):
+    request = {
+        "ModelReady": pb.ModelReadyRequest(name="simple", version="abc"),
+        "ModelMetadata": pb.ModelMetadataRequest(name="simple", version="abc"),
+        "ModelInfer": grpc_request(version="abc"),
+    }[rpc]
+    with pytest.raises(grpclib.RpcError) as raised:
+        getattr(stub, rpc)(request)
+    assert raised.value.code() == grpclib.StatusCode.INVALID_ARGUMENT
+    assert "failed to get model version from specified version string 'abc'" in raised.value.details()
+
+
+@pytest.mark.spec(ERROR)
+@pytest.mark.parametrize("path", ["/v2/models/simple/versions/abc/infer", "/v2/models/simple/versions/abc"])
+def test_rest_bad_version_string_is_4xx(url, path):
+    response = requests.post(url + path, json=simple_body()) if path.endswith("infer") else requests.get(url + path)
+    assert 400 <= response.status_code < 500
+    assert response.json()["error"]
+
+
+#: One mistake in INPUT1 (INPUT0 is right): the message names the input (and both datatypes).
+NAMED_MISTAKES = {
+    "missing_input": ({"inputs": simple_body()["inputs"][:1]}, ["INPUT1"]),
+    "wrong_datatype": (
+        {"inputs": [simple_body()["inputs"][0], dict(simple_body()["inputs"][1], datatype="FP32", data=[0.5] * 16)]},
+        ["INPUT1", "FP32", "INT32"],
+    ),
+    "wrong_shape": ({"inputs": [simple_body()["inputs"][0], dict(simple_body()["inputs"][1], shape=[1, 8], data=[1] * 8)]}, ["INPUT1"]),
+    "unknown_requested_output": (simple_body(outputs=[{"name": "NOPE"}]), ["NOPE"]),
+}
+
+
+@pytest.mark.spec(ERROR)
+@pytest.mark.parametrize("case", list(NAMED_MISTAKES))
+def test_rest_input_mistake_is_400_naming_the_tensor(url, case):
+    body, words = NAMED_MISTAKES[case]
+    response = requests.post(f"{url}/v2/models/simple/infer", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert all(word in error for word in words), error

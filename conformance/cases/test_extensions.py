@@ -26,6 +26,41 @@ def test_repository_unload_then_load(http, requires):
     assert http.is_model_ready("identity_int8")
 
 
+#: Load requests that fail: a model the repository does not hold, a config override that is no ModelConfig.
+BAD_LOADS = {
+    "unknown_model": ("no_such_model", None),
+    "bad_config_override": ("identity_int16", '{"max_batch_size": "many"}'),
+}
+
+
+@pytest.mark.spec("Triton client examples (simple_http_model_control.py, simple_grpc_model_control.py): 'failed to load'")
+@pytest.mark.parametrize("case", list(BAD_LOADS))
+def test_repository_load_failure_says_failed_to_load(target, http, case, requires):
+    requires("model_repository")
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    name, config = BAD_LOADS[case]
+    with grpcclient.InferenceServerClient(target.grpc) as grpc_client:
+        for client in (http, grpc_client):
+            with pytest.raises(InferenceServerException) as raised:
+                client.load_model(name, config=config)
+            assert "failed to load" in raised.value.message()
+    if name != "no_such_model":
+        assert http.is_model_ready(name)  # a failed reload leaves the model serving what it served
+
+
+@pytest.mark.spec("Triton extension_model_repository.md §Load: a failed load is an HTTP error status (typically 400)")
+@pytest.mark.parametrize("case", list(BAD_LOADS))
+def test_repository_load_failure_is_4xx(url, case, requires):
+    requires("model_repository")
+    name, config = BAD_LOADS[case]
+    body = {"parameters": {"config": config}} if config else {}
+    response = requests.post(f"{url}/v2/repository/models/{name}/load", json=body)
+    assert 400 <= response.status_code < 500, f"{response.status_code}: {response.text}"
+    assert "failed to load" in response.json()["error"]
+
+
 @pytest.mark.spec("Triton extension_statistics.md")
 def test_statistics_count_inferences(url, http, grpc, requires):
     requires("statistics")
@@ -47,6 +82,11 @@ def test_model_configuration(http, grpc, requires):
     assert config["name"] == "simple" and config["max_batch_size"] == 8
     assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]
     assert config["input"][0]["dims"] == [16]
+    # Written as Triton writes it: defaults included, enums by name.
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["input"][0]["data_type"] == "TYPE_INT32" and config["input"][0]["format"] == "FORMAT_NONE"
+    assert config["input"][0]["optional"] is False and config["output"][0]["label_filename"] == ""
+    assert config["model_warmup"] == [] and config["batch_input"] == []
     assert grpc.get_model_config("simple").config.max_batch_size == 8
 
 

@@ -23,8 +23,17 @@ def test_model_ready_per_model_and_version(url, grpc):
 
 
 @pytest.mark.spec(f"{OIP} §Health: 4xx indicates false")
-def test_ready_of_unknown_model_is_4xx(url):
-    assert 400 <= requests.get(f"{url}/v2/models/no_such_model/ready").status_code < 500
+@pytest.mark.parametrize("path", ["/v2/models/no_such_model/ready", "/v2/models/simple/versions/999/ready"])
+def test_ready_of_unknown_model_or_version_is_4xx(url, http, path):
+    response = requests.get(url + path)
+    assert 400 <= response.status_code < 500 and response.json()["error"]
+    assert http.is_model_ready("no_such_model") is False and http.is_model_ready("simple", "999") is False
+
+
+@pytest.mark.spec(f"{OIP} §Health over GRPC (ModelReadyResponse): Triton answers ready false for an unknown model or version")
+def test_grpc_ready_of_unknown_model_or_version_is_false(grpc):
+    assert grpc.is_model_ready("no_such_model") is False  # tritonclient raises if the call fails
+    assert grpc.is_model_ready("simple", "999") is False
 
 
 @pytest.mark.spec(f"{OIP} §Server Metadata ($metadata_server_response)")

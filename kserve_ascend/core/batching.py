@@ -3,8 +3,8 @@
 Contract: `Scheduler.submit` queues one request and resolves with exactly its own rows
 (or with the error of its execution, its rejection or its timeout). One coroutine forms
 a batch whenever an instance is idle, so batches grow while every instance is busy and
-no two instances race for the same requests. Batches run on the instance's own thread;
-the event loop only queues, times and resolves.
+no two instances race for the same requests. Batches run on the instance's own thread,
+which also times them (`stats.timed_run`); the event loop only queues and resolves.
 
 Device health: an execution that outlives the execution timeout, or fails with a fatal
 `DeviceError` (a context the device poisoned), takes its instance out of rotation: it is
@@ -33,7 +33,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from . import tracing
 from .adaptive import AdaptiveBatchLimit
 from .errors import AscendError, DeviceError, InvalidInput, ModelNotReady, Unavailable
-from .stats import VersionStats
+from .stats import RequestTiming, VersionStats, now_ns, timed_run
 
 # Runs one batch: a list of requests' inputs in, a list of their outputs out (same order).
 BatchRunner = Callable[[Sequence[Mapping[str, np.ndarray]]], list[dict[str, np.ndarray]]]
@@ -59,6 +59,10 @@ class Pending:
     timer: asyncio.TimerHandle | None = None
     #: Its `queue` span, while tracing.
     span: tracing.Span | None = None
+    #: Its way through the server, for the statistics; stamped at its execution.
+    timing: RequestTiming | None = None
+    #: Whether the scheduler records it (the caller gave no timing of its own to record once it has answered).
+    record: bool = False
 
 
 class QueuePolicy:
@@ -276,16 +280,22 @@ class Scheduler:
         shape_key: tuple,
         priority: int | None = None,
         timeout_us: int | None = None,
+        timing: RequestTiming | None = None,
     ) -> dict[str, np.ndarray]:
+        """Resolves with the request's outputs; `timing`: the caller's, which it records once it has
+        answered (`RequestTiming.answering`); without one, the request is recorded as its execution ends."""
         if not self.in_rotation:
             raise self._none_left()
         self._ensure_started()
         loop = asyncio.get_running_loop()
         pending = Pending(inputs, rows, loop.create_future(), loop.time(), shape_key, self.queue.level_of(priority))
+        pending.record = timing is None
+        pending.timing = timing = RequestTiming() if timing is None else timing
+        timing.stats, timing.enqueued = self.stats, now_ns()
         try:
             self.queue.put(pending, timeout_us)
         except Unavailable:
-            self.stats.record_failure(0, "REJECTED")
+            self.stats.record_failure(timing.enqueued - timing.start, "REJECTED")
             raise
         self.outstanding += 1
         if tracing.enabled:
@@ -295,7 +305,7 @@ class Scheduler:
         except Exception as error:
             # Failure reasons as Triton's metrics name them: refused by the queue, or the execution failed.
             reason = "REJECTED" if isinstance(error, Unavailable) else "CANCELED" if isinstance(error, ModelNotReady) else "BACKEND"
-            self.stats.record_failure(_ns(loop.time() - pending.arrival), reason)
+            self.stats.record_failure(now_ns() - timing.start, reason)
             raise
         finally:
             if pending.span is not None:
@@ -334,12 +344,12 @@ class Scheduler:
         self.executing += len(batch)
         try:
             with tracing.execution(batch, span_attributes):
-                execution = loop.run_in_executor(executor, runner, [pending.inputs for pending in batch])
+                execution = loop.run_in_executor(executor, timed_run, runner, [pending.inputs for pending in batch])
                 if not (await asyncio.wait((execution,), timeout=self.execution_timeout_s))[0]:
                     # The thread stays in the call (a device call cannot be interrupted): stop waiting for it.
                     execution.cancel()
                     raise ExecutionTimeout(f"the execution did not finish within execution_timeout_ms {self.execution_timeout_s * 1000:g}")
-                results = execution.result()
+                results, phases = execution.result()
         except ExecutionTimeout as error:
             self._fail(batch, ExecutionTimeout(f"{error}: instance {index} is out of rotation until the model is reloaded"))
             self._take_out(index, str(error), hung=True)
@@ -348,12 +358,14 @@ class Scheduler:
             if isinstance(error, DeviceError) and error.fatal:
                 self._take_out(index, str(error), hung=False)
         else:
-            done = loop.time()
             rows = sum(p.rows for p in batch)
-            self.queue.observe(rows, done - start)
-            self.stats.record_execution(rows, len(batch), _ns(done - start))
+            self.queue.observe(rows, loop.time() - start)
+            self.stats.record_execution(rows, phases)
+            done = now_ns()
             for pending, result in zip(batch, results):
-                self.stats.record_success(_ns(done - pending.arrival), _ns(start - pending.arrival))
+                pending.timing.execution = phases
+                if pending.record:
+                    self.stats.record_success(pending.timing, done)
                 if not pending.future.done():
                     pending.future.set_result(result)
         finally:
@@ -393,6 +405,3 @@ class Scheduler:
         for pending in self.queue.drain():
             pending.future.set_exception(reason)
 
-
-def _ns(seconds: float) -> int:
-    return int(seconds * 1e9)

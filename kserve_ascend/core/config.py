@@ -7,7 +7,7 @@ from pathlib import Path
 from google.protobuf import descriptor, json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import ModelLoadError
+from .errors import InvalidInput, ModelLoadError
 
 CONFIG_FILE = "config.pbtxt"
 #: Looked for in this order in a version directory when config.pbtxt names no file.
@@ -57,6 +57,25 @@ def select_versions(config: mc.ModelConfig, available: list[int]) -> list[int]:
     return selected
 
 
+_MAX_VERSION = 2**63 - 1  # Triton's versions are int64
+
+
+def parse_version(version: str | None) -> int | None:
+    """The version number a request names (None: it names none); InvalidInput unless it is a number.
+
+    Triton's wording (GetModelVersionFromString, server's common.cc), which is INVALID_ARGUMENT
+    there too; "0" is a number, of a version no repository has.
+    """
+    if not version:
+        return None
+    if not (version.isascii() and version.isdigit()) or int(version) > _MAX_VERSION:
+        raise InvalidInput(
+            f"failed to get model version from specified version string '{version[:100]}', "
+            "version should be an integral value > 0"
+        )
+    return int(version)
+
+
 def model_file(config: mc.ModelConfig, version_dir: Path) -> Path:
     """The model file of one version: `default_model_filename`, else the first default present."""
     names = (config.default_model_filename,) if config.default_model_filename else DEFAULT_FILENAMES
@@ -94,13 +113,42 @@ _INT64 = {descriptor.FieldDescriptor.TYPE_INT64, descriptor.FieldDescriptor.TYPE
           descriptor.FieldDescriptor.TYPE_SINT64, descriptor.FieldDescriptor.TYPE_FIXED64}
 
 
+def normalized(config: mc.ModelConfig) -> mc.ModelConfig:
+    """A copy of the config with the defaults Triton writes in (core's NormalizeModelConfig and
+    NormalizeInstanceGroup, model_config_utils.cc) where they mean what this server does.
+
+    `version_policy`: latest 1 (what select_versions serves); `dynamic_batching`'s
+    `preferred_batch_size`: [max_batch_size] (the batcher sends a full batch at once either way);
+    every `instance_group` named `<model>_<index>` with a count of at least 1 (one group named
+    after the model when there is none), as device_placement creates them. Left out, as they
+    describe Triton's own machinery: `optimization` (CUDA pinned memory, priorities) and
+    `runtime` (the backend's library, `model.py` under Triton's Python backend).
+    """
+    config = mc.ModelConfig.FromString(config.SerializeToString())
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size and config.max_batch_size > 0:
+        config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    if not config.instance_group:
+        config.instance_group.add(name=config.name)
+    for index, group in enumerate(config.instance_group):
+        group.name = group.name or f"{config.name}_{index}"
+        group.count = max(group.count, 1)
+    return config
+
+
 def config_json(config: mc.ModelConfig) -> dict:
     """The config as JSON the way Triton's model configuration extension writes it.
 
-    protobuf's JSON mapping writes 64-bit integers (dims, delays) as strings; Triton
-    writes them as numbers, and so does this.
+    As Triton's (protobuf's JSON printer with always_print_primitive_fields): every field
+    without presence is written, at its default too (`max_batch_size: 0`, empty lists and
+    maps), enums by name, the defaults of `normalized` filled in. protobuf's JSON mapping
+    writes 64-bit integers (dims, delays) as strings; Triton writes them as numbers, and so
+    does this.
     """
-    return _int64_as_numbers(config, json_format.MessageToDict(config, preserving_proto_field_name=True))
+    config = normalized(config)
+    as_dict = json_format.MessageToDict(config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _int64_as_numbers(config, as_dict)
 
 
 def _int64_as_numbers(message, value):

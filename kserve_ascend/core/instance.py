@@ -19,6 +19,7 @@ from .datatypes import to_config, to_numpy
 from .errors import ModelLoadError
 from .runtimes import Runtime, TensorSpec
 from .signature import Signature
+from .stats import now_ns, report_phases
 
 #: Triton's default max_batch_size when it auto-completes a model that can batch.
 AUTO_COMPLETE_MAX_BATCH_SIZE = 4
@@ -151,28 +152,52 @@ class Instance:
                 )
 
     def run_batch(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """Runs the requests as one batch (concatenated along dimension 0); each gets its own rows back."""
+        """Runs the requests as one batch (concatenated along dimension 0); each gets its own rows back.
+
+        Reports its input phase (gathering, converting, padding) and output phase (unpadding,
+        converting, splitting) to the statistics (`stats.report_phases`); the rest is the run.
+        """
         if not self._batching:  # every request is the whole of one execution
-            return [self._convert(self._run(self._convert(r, self._input_dtypes), 1), self._output_dtypes) for r in requests]
+            return self._run_each(requests)
+        started = now_ns()
         counts = [self._rows(r) for r in requests]
         rows = sum(counts)
         runs = self._runs(rows)
         inputs = self._assemble(requests, rows, sum(runs))
+        assembled = now_ns()
         parts, start = [], 0
         for size in runs:
             chunk = inputs if len(runs) == 1 else {n: a[start : start + size] for n, a in inputs.items()}
             parts.append(self._run(chunk, size))
             start += size
+        ran = now_ns()
         padding = start - rows
         self.padding_rows += padding
         outputs = self._gather(parts, padding)
         if len(requests) == 1:
-            return [outputs]
-        split, start = [], 0
-        for count in counts:
-            split.append({name: array[start : start + count] for name, array in outputs.items()})
-            start += count
+            split = [outputs]
+        else:
+            split, start = [], 0
+            for count in counts:
+                split.append({name: array[start : start + count] for name, array in outputs.items()})
+                start += count
+        report_phases(assembled - started, now_ns() - ran)
         return split
+
+    def _run_each(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Each request as an execution of its own (a model that does not batch); phases summed."""
+        results, input_ns, output_ns = [], 0, 0
+        for request in requests:
+            started = now_ns()
+            inputs = self._convert(request, self._input_dtypes)
+            converted = now_ns()
+            outputs = self._run(inputs, 1)
+            ran = now_ns()
+            results.append(self._convert(outputs, self._output_dtypes))
+            input_ns += converted - started
+            output_ns += now_ns() - ran
+        report_phases(input_ns, output_ns)
+        return results
 
     def _run(self, inputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         outputs = self.runtime.run(self._shaped(inputs, self._reshape_in, rows), self._output_names)
@@ -198,7 +223,9 @@ class Instance:
             dtype = self._input_dtypes[name] if name in self._input_dtypes else np.result_type(*(r[name].dtype for r in requests))
             array = np.empty((total, *first.shape[1:]), dtype)
             np.concatenate([r[name] for r in requests], out=array[:rows], casting="same_kind")
-            array[rows:] = b"" if dtype.kind == "O" else np.zeros((), dtype)
+            # Zero rows; for strings, copies of the last real row: a model that parses its text
+            # (Cast string->int) takes those, where it would fail the whole batch on "".
+            array[rows:] = array[rows - 1] if dtype.kind == "O" else 0
             assembled[name] = array
         return assembled
 

@@ -16,13 +16,14 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import config as cfg
-from . import tracing, warmup
+from . import classification, sequence, tracing, warmup
 from .batching import BatchQueue, Scheduler
 from .errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
 from .instance import Instance, InstanceThread, complete_config
 from .runtimes import Runtime, load_runtime
+from .sequencer import SequenceScheduler
 from .signature import Signature
-from .stats import VersionStats
+from .stats import RequestTiming, VersionStats
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ class State(str, enum.Enum):
 
 
 class ModelVersion:
-    """One loaded version of a model: its instances fed by one batch queue."""
+    """One loaded version of a model: its instances fed by one batch queue (or, for a model with
+    `sequence_batching`, by the sequence batcher)."""
 
     def __init__(
         self,
@@ -47,6 +49,7 @@ class ModelVersion:
         instances: list[Instance],
         latency_target_ms: float = 0,
         execution_timeout_s: float | None = None,
+        sequences: sequence.SequenceBatching | None = None,
     ):
         self.name = name
         self.version = version
@@ -57,6 +60,8 @@ class ModelVersion:
         self._prepare_request = instances[0].runtime.prepare_request
         # Set by `load`: the config as read (before completion), the file's stamp and digest.
         self.source, self.stamp, self.sha256 = b"", (0, 0), ""
+        #: The outputs' classification labels (config `label_filename`), read at load as Triton does.
+        self.labels: classification.Labels = {}
         #: Milliseconds the warmup took, once it ran.
         self.warmup_ms: float | None = None
         #: Told why when no instance is left in rotation (set by the Model that serves this version).
@@ -65,15 +70,23 @@ class ModelVersion:
         self.threads = [InstanceThread(f"{name}-v{version}-dev{i.runtime.device_id}") for i in instances]
         dynamic = config.dynamic_batching if config.HasField("dynamic_batching") else None
         self.stats = VersionStats()
-        self.scheduler = Scheduler(
-            [i.run_batch for i in instances],
-            self.threads,
-            BatchQueue(config.max_batch_size, dynamic, latency_target_ms),
-            self.stats,
-            [tracing.instance_attributes(name, version, i.runtime.device_id) for i in instances],
-            execution_timeout_s,
-            self._instance_lost,
-        )
+        runners = [i.run_batch for i in instances]
+        span_attributes = [tracing.instance_attributes(name, version, i.runtime.device_id) for i in instances]
+        if sequences is not None:
+            self.scheduler: Scheduler | SequenceScheduler = SequenceScheduler(
+                sequences, list(self.signature.outputs), runners, self.threads, self.stats, span_attributes,
+                execution_timeout_s, self._instance_lost,
+            )
+        else:
+            self.scheduler = Scheduler(
+                runners,
+                self.threads,
+                BatchQueue(config.max_batch_size, dynamic, latency_target_ms),
+                self.stats,
+                span_attributes,
+                execution_timeout_s,
+                self._instance_lost,
+            )
 
     @classmethod
     def load(cls, config: mc.ModelConfig, model_dir: Path, version: int) -> "ModelVersion":
@@ -85,6 +98,7 @@ class ModelVersion:
         path = cfg.model_file(config, model_dir / str(version))
         stamp = file_stamp(path)
         sha256 = checked_sha256(config, path, version)
+        labels = classification.read_labels(config, model_dir)
         latency_target_ms = _latency_target_ms(config)
         execution_timeout_s = cfg.execution_timeout_s(config)
         runtimes: list[Runtime] = []
@@ -93,19 +107,23 @@ class ModelVersion:
                 runtimes.append(load_runtime(config, path, device_id))
             complete_config(config, runtimes[0])
             cfg.apply_input_shape(config)
-            signature = Signature(config)
+            sequence.apply_defaults(config)
+            sequences = sequence.SequenceBatching(config, model_dir) if config.HasField("sequence_batching") else None
+            # What the file takes: with a sequence batcher, also the control and state tensors it feeds.
+            model_config = sequences.model_config(config) if sequences is not None else config
+            signature = Signature(model_config)
             instances = [Instance(r, signature) for r in runtimes]
             samples = (
-                warmup.configured_samples(config, model_dir)
+                warmup.configured_samples(model_config, model_dir)
                 if config.model_warmup
-                else warmup.default_samples(config, instances[0])
+                else warmup.default_samples(model_config, instances[0])
             )
         except BaseException:
             for runtime in runtimes:
                 runtime.close()
             raise
-        loaded = cls(config.name, version, path, config, instances, latency_target_ms, execution_timeout_s)
-        loaded.source, loaded.stamp, loaded.sha256 = source, stamp, sha256
+        loaded = cls(config.name, version, path, config, instances, latency_target_ms, execution_timeout_s, sequences)
+        loaded.source, loaded.stamp, loaded.sha256, loaded.labels = source, stamp, sha256, labels
         try:
             loaded.warm_up(samples)
         except BaseException:
@@ -189,11 +207,15 @@ class ModelVersion:
         inputs: Mapping[str, np.ndarray],
         output_names: Sequence[str] | None = None,
         parameters: Mapping[str, object] | None = None,
+        timing: RequestTiming | None = None,
     ) -> dict[str, np.ndarray]:
         """Runs one request, batched with others; returns the requested outputs (all by default).
 
         Request `parameters` the scheduler honours: `priority` (1 is the most urgent level)
-        and `timeout` (microseconds in the queue, where the queue policy allows it).
+        and `timeout` (microseconds in the queue, where the queue policy allows it); for a
+        sequence model, Triton's `sequence_id`, `sequence_start`, `sequence_end` (and `timeout`
+        bounds the wait in the sequence backlog).
+        `timing`: the edge's, which records the request once answered (see Scheduler.submit).
         """
         parameters = parameters or {}
         # A malformed request never reaches the model: as in Triton, no statistic counts it.
@@ -203,8 +225,11 @@ class ModelVersion:
         if self._prepare_request is not None:
             inputs = self._prepare_request(inputs, parameters)
         priority, timeout_us = (_int_parameter(parameters, key) for key in ("priority", "timeout"))
-        shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
-        outputs = await self.scheduler.submit(inputs, rows, shape_key, priority, timeout_us)
+        if isinstance(self.scheduler, SequenceScheduler):
+            outputs = await self.scheduler.submit(inputs, rows, parameters, timeout_us, timing)
+        else:
+            shape_key = tuple(a.shape[1:] for a in inputs.values()) if self.signature.batching else ()
+            outputs = await self.scheduler.submit(inputs, rows, shape_key, priority, timeout_us, timing)
         if output_names:
             return {name: outputs[name] for name in output_names}
         return outputs
@@ -364,22 +389,22 @@ class Model:
 
     def version(self, version: str | None = None) -> ModelVersion:
         """The version a request names; else one chosen by `version_weights`, else the latest."""
+        number = cfg.parse_version(version)  # as Triton: a version string that is no number is refused first
         if not self.ready:
             raise ModelNotReady(f"model '{self.name}' is not ready: {self.reason}")
         versions = self.versions
-        if not version:
+        if number is None:
             candidates = [v for v in self.weights if v in versions and self.weights[v]]
             if candidates:
                 return versions[self._choose(candidates, [self.weights[v] for v in candidates])[0]]
             return versions[next(reversed(versions))]
-        try:
-            return versions[int(version)]
-        except (ValueError, KeyError):
+        if number not in versions:
             # Triton's wording, which clients (and Triton's own examples) match on.
             raise ModelNotFound(
                 f"Request for unknown model: '{self.name}' version {version} is not found"
                 f" (it serves versions {sorted(versions)})"
-            ) from None
+            )
+        return versions[number]
 
     def close(self) -> None:
         for version in self.unload():

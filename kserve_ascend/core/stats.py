@@ -1,17 +1,42 @@
 """Per-version inference statistics: Triton's statistics extension, and what metrics add to it.
 
-Updated only on the event loop (by the scheduler), so no locking. The scheduler times
-an execution from dispatch to completion, so `compute_infer` includes assembling and
-splitting the batch; `compute_input` and `compute_output` are not measured apart.
+What each figure measures here (Triton's `extension_statistics.md` leaves the split to the
+backend; every clock is `time.perf_counter_ns`):
 
-A reader on another thread (a metrics scrape) copies a container before walking it
-(`list(...)` of a dict or list is atomic in CPython); it may see a request counted in
-one field and not yet in the next, which the following scrape settles.
+- `queue`: from the request entering the batch queue to its execution starting on the
+  instance's thread (so the hop to that thread counts as waiting).
+- `compute_input`: the request's preparation before it queues (decoding at the edge: JSON,
+  binary, gRPC or shared memory to numpy; its checks against the model's signature; a
+  pipeline's pre-processing) plus its execution's input phase: gathering the batch's rows
+  into one array per input, converting them to the model file's precision and padding to a
+  batch size the file takes.
+- `compute_infer`: the rest of the execution: the runtime's run, reshapes, and for an
+  oversized batch its several runs. Host-to-device and device-to-host copies are in it:
+  onnxruntime does them inside `run`, and the pyACL runtime queues them on one stream with
+  the execution and waits once, so they cannot be timed apart without stalling the stream.
+- `compute_output`: the execution's output phase (dropping padding rows, converting to the
+  config's datatypes, splitting the batch into its requests) plus making the request's
+  answer of its outputs and encoding it at the edge.
+- `success`: from the edge starting to decode the request (its body received) to its answer
+  encoded, so it holds the four above and the hops between them.
+
+As in Triton, `inference_stats` count requests, each charged with its whole execution's
+phases, and `batch_stats` count executions by batch size (rows), with the execution's own
+phases (the edges' decoding and encoding belong to requests, not to an execution). A
+request's figures are recorded together once it has its answer, so any snapshot has equal
+`compute_*` counts (perf_analyzer refuses a server whose counts differ). A request without
+an edge (the V1 protocol, in-process calls) is recorded when its execution ends.
+
+Updated only on the event loop, so no locking. A reader on another thread (a metrics scrape)
+copies a container before walking it (`list(...)` of a dict or list is atomic in CPython);
+it may see a request counted in one field and not yet in the next, which the following
+scrape settles.
 """
 
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +46,79 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 #: Upper bounds of the request latency histogram, seconds: a small model's millisecond to a large batch's seconds.
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LATENCY_BOUNDS_NS = tuple(round(bound * 1e9) for bound in LATENCY_BUCKETS_S)
+
+now_ns = time.perf_counter_ns
+
+
+class Execution:
+    """The phases of one execution (a batch on an instance), nanoseconds; `start` on the perf_counter clock."""
+
+    __slots__ = ("start", "input_ns", "infer_ns", "output_ns")
+
+    def __init__(self, start: int, input_ns: int, infer_ns: int, output_ns: int):
+        self.start, self.input_ns, self.infer_ns, self.output_ns = start, input_ns, infer_ns, output_ns
+
+
+class _Phases(threading.local):
+    input_ns = 0
+    output_ns = 0
+
+
+_phases = _Phases()
+
+
+def report_phases(input_ns: int, output_ns: int) -> None:
+    """Called by a runner (an Instance) on its thread: how much of the run was its input and output phases."""
+    _phases.input_ns, _phases.output_ns = input_ns, output_ns
+
+
+def timed_run(runner, requests) -> tuple[list, Execution]:
+    """Runs `runner(requests)` on the calling thread; its results and its Execution.
+
+    What the runner reports (`report_phases`) is input and output, the rest of the call is
+    infer; a runner that reports nothing is all infer.
+    """
+    _phases.input_ns = _phases.output_ns = 0
+    start = now_ns()
+    results = runner(requests)
+    total = now_ns() - start
+    input_ns, output_ns = _phases.input_ns, _phases.output_ns
+    return results, Execution(start, input_ns, total - input_ns - output_ns, output_ns)
+
+
+class RequestTiming:
+    """One request's way through the server, recorded in its version's statistics once answered.
+
+    The edge makes it once the request's body is in, before decoding it; the scheduler
+    stamps its entering the queue and its execution; `answering()` wraps making and
+    encoding the answer and records the request on the way out: a success, or (if that
+    failed) a failure. A request refused before it reaches a scheduler is never recorded,
+    as in Triton.
+    """
+
+    __slots__ = ("start", "enqueued", "execution", "stats", "_answering")
+
+    def __init__(self) -> None:
+        self.start = now_ns()
+        self.enqueued = 0
+        self.execution: Execution | None = None
+        self.stats: VersionStats | None = None  # set by the scheduler that takes the request
+
+    def answering(self) -> "RequestTiming":
+        """A context manager: the answer is made and encoded in it (compute_output), then recorded."""
+        return self
+
+    def __enter__(self) -> None:
+        self._answering = now_ns()
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self.stats is None or self.execution is None:
+            return  # served without a scheduler's stamps: nothing to record it with
+        end = now_ns()
+        if kind is None:
+            self.stats.record_success(self, end, end - self._answering)
+        else:
+            self.stats.record_failure(end - self.start, "OTHER")
 
 
 @dataclass
@@ -37,6 +135,23 @@ class Duration:
 
 
 @dataclass
+class ComputeStats:
+    """compute_input, compute_infer and compute_output, always recorded together."""
+
+    input: Duration = field(default_factory=Duration)
+    infer: Duration = field(default_factory=Duration)
+    output: Duration = field(default_factory=Duration)
+
+    def add(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.input.add(input_ns)
+        self.infer.add(infer_ns)
+        self.output.add(output_ns)
+
+    def as_dict(self) -> dict:
+        return {"compute_input": self.input.as_dict(), "compute_infer": self.infer.as_dict(), "compute_output": self.output.as_dict()}
+
+
+@dataclass
 class VersionStats:
     inference_count: int = 0
     execution_count: int = 0
@@ -44,26 +159,33 @@ class VersionStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
-    compute_infer: Duration = field(default_factory=Duration)
-    #: batch size -> compute time of the executions of that size
-    batches: dict[int, Duration] = field(default_factory=dict)
+    #: per request
+    compute: ComputeStats = field(default_factory=ComputeStats)
+    #: batch size (rows) -> the phases of the executions of that size
+    batches: dict[int, ComputeStats] = field(default_factory=dict)
     #: successful requests by latency: [i] counts those above LATENCY_BUCKETS_S[i - 1] and
     #: at most LATENCY_BUCKETS_S[i] (the last slot: above every bound); `success` has their sum
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BOUNDS_NS) + 1))
     #: failed requests by reason (FAILURE_REASONS)
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
 
-    def record_execution(self, rows: int, requests: int, compute_ns: int) -> None:
+    def record_execution(self, rows: int, execution: Execution) -> None:
         self.execution_count += 1
         self.inference_count += rows
         self.last_inference_ms = time.time_ns() // 1_000_000
-        self.batches.setdefault(rows, Duration()).add(compute_ns)
-        self.compute_infer.add(compute_ns * requests, requests)
+        batch = self.batches.get(rows)
+        if batch is None:
+            batch = self.batches[rows] = ComputeStats()
+        batch.add(execution.input_ns, execution.infer_ns, execution.output_ns)
 
-    def record_success(self, total_ns: int, queue_ns: int) -> None:
-        self.success.add(total_ns)
-        self.queue.add(queue_ns)
-        self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total_ns)] += 1
+    def record_success(self, timing: RequestTiming, end: int, answer_ns: int = 0) -> None:
+        """A request answered at `end` (perf_counter_ns), `answer_ns` of it making and encoding its answer."""
+        execution = timing.execution
+        total = end - timing.start
+        self.success.add(total)
+        self.queue.add(execution.start - timing.enqueued)
+        self.compute.add(timing.enqueued - timing.start + execution.input_ns, execution.infer_ns, execution.output_ns + answer_ns)
+        self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total)] += 1
 
     def record_failure(self, total_ns: int, reason: str) -> None:
         """`reason` as Triton's failure metric labels it: REJECTED, CANCELED, BACKEND or OTHER."""
@@ -85,14 +207,15 @@ class VersionStats:
                 "success": self.success.as_dict(),
                 "fail": self.fail.as_dict(),
                 "queue": self.queue.as_dict(),
-                "compute_input": zero,
-                "compute_infer": self.compute_infer.as_dict(),
-                "compute_output": zero,
+                **self.compute.as_dict(),
+                # No response cache: Triton reports both at zero for a model without one.
                 "cache_hit": zero,
                 "cache_miss": zero,
             },
-            "batch_stats": [
-                {"batch_size": size, "compute_input": zero, "compute_infer": d.as_dict(), "compute_output": zero}
-                for size, d in sorted(self.batches.items())
-            ],
+            # Per-response figures are for decoupled models, which this server has none of: Triton answers {}.
+            "response_stats": {},
+            "batch_stats": [{"batch_size": size, **batch.as_dict()} for size, batch in sorted(self.batches.items())],
+            # Memory a backend reports having allocated for the model: none is, as Triton's python backend
+            # reports none for the same models.
+            "memory_usage": [],
         }

@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
 from ..core import datatypes
+from ..core.classification import classification_count
 from ..core.errors import InvalidInput
 from .shm import SharedMemoryRegistry
 
@@ -45,6 +46,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     #: Requested outputs to write into shared memory rather than into the response.
     shm_outputs: dict[str, ShmSlice] = field(default_factory=dict)
+    #: Requested outputs to return as their top classes (the classification extension): name -> how many.
+    classification: dict[str, int] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- REST (JSON and binary)
@@ -182,8 +185,13 @@ def _from_shm(placed: ShmSlice, datatype: str, shape: tuple[int, ...], what: str
     return _from_binary(placed.view.toreadonly(), datatype, shape, what, source="shared memory")
 
 
-def _to_shm(placed: ShmSlice, array: np.ndarray, what: str) -> dict[str, Any]:
-    """Writes an output where the request placed it; returns the parameters that say where."""
+def _to_shm(placed: ShmSlice, array: np.ndarray, what: str) -> None:
+    """Writes an output where the request placed it.
+
+    The response then names the output with its datatype and shape only, as Triton's does
+    (server src/http_server.cc, src/grpc/infer_handler.h): no `parameters`, which Triton's
+    C++ HTTP client would take for binary data lacking its `binary_data_size`.
+    """
     blob = _tensor_bytes(array) if array.dtype == np.object_ else None
     size = len(blob) if blob is not None else array.nbytes
     if size > len(placed.view):
@@ -194,10 +202,6 @@ def _to_shm(placed: ShmSlice, array: np.ndarray, what: str) -> dict[str, Any]:
         placed.view[:size] = blob
     else:
         np.frombuffer(placed.view[:size], dtype=array.dtype).reshape(array.shape)[...] = array
-    parameters: dict[str, Any] = {"shared_memory_region": placed.region, "shared_memory_byte_size": size}
-    if placed.offset:
-        parameters["shared_memory_offset"] = placed.offset
-    return parameters
 
 
 def json_object(body: bytes | memoryview) -> dict:
@@ -260,13 +264,14 @@ def decode_rest(body: bytes, header_length: str | None, shm: SharedMemoryRegistr
         raise InvalidInput(f"the request carries {len(binary) - offset} bytes of binary data that no input claims")
     outputs: dict[str, bool] = {}
     shm_outputs: dict[str, ShmSlice] = {}
+    classification: dict[str, int] = {}
     for item in _field(obj, "outputs", list, "the request", required=False) or []:
         if not isinstance(item, dict):
             raise InvalidInput("each element of 'outputs' must be a JSON object")
         name = _field(item, "name", str, "a requested output")
         params = _field(item, "parameters", dict, f"output '{name}'", required=False) or {}
-        if params.get("classification"):
-            raise InvalidInput("the classification extension is not supported")
+        if "classification" in params:
+            classification[name] = _classification(name, params["classification"], "shared_memory_region" in params)
         outputs[name] = bool(params.get("binary_data", False))
         placed = _shm_slice(params, shm, f"output '{name}'")
         if placed is not None:
@@ -278,7 +283,15 @@ def decode_rest(body: bytes, header_length: str | None, shm: SharedMemoryRegistr
         binary_outputs=bool(parameters.get("binary_data_output", False)),
         parameters=parameters,
         shm_outputs=shm_outputs,
+        classification=classification,
     )
+
+
+def _classification(name: str, count: Any, in_shared_memory: bool) -> int:
+    """How many classes a requested output returns; in shared memory goes what the model wrote, never classes."""
+    if in_shared_memory:
+        raise InvalidInput(f"output '{name}' can't set both 'shared_memory_region' and 'classification'")
+    return classification_count(count, name)
 
 
 def _tensor_bytes(array: np.ndarray) -> bytes:
@@ -296,13 +309,13 @@ def encode_rest(
     for name, array in outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": datatypes.from_numpy(array.dtype), "shape": array.shape}
         if name in request.shm_outputs:
-            entry["parameters"] = _to_shm(request.shm_outputs[name], array, f"output '{name}'")
+            _to_shm(request.shm_outputs[name], array, f"output '{name}'")
         elif request.outputs.get(name, request.binary_outputs):
             blob = _tensor_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         elif array.dtype == np.object_:
-            entry["data"] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in array.ravel()]
+            entry["data"] = _json_strings(array, name)
         else:
             entry["data"] = np.ascontiguousarray(array).ravel()
         entries.append(entry)
@@ -313,6 +326,20 @@ def encode_rest(
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+def _json_strings(array: np.ndarray, name: str) -> list[str]:
+    """A BYTES output as JSON strings, which hold only text: bytes that are not UTF-8 are refused, not altered."""
+    strings = []
+    for index, value in enumerate(array.ravel()):
+        try:
+            strings.append(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"output '{name}' element {index} is not UTF-8 text, which JSON cannot carry:"
+                " request the output as binary data (parameters binary_data: true)"
+            ) from None
+    return strings
 
 
 # ---------------------------------------------------------------- gRPC
@@ -346,18 +373,16 @@ def _grpc_parameters(parameters: Mapping[str, pb.InferParameter]) -> dict[str, A
     return {key: _grpc_parameter(value) for key, value in parameters.items()}
 
 
-def _set_grpc_parameters(target: Mapping[str, pb.InferParameter], parameters: Mapping[str, Any]) -> None:
-    for key, value in parameters.items():
-        if isinstance(value, str):
-            target[key].string_param = value
-        else:
-            target[key].int64_param = value
-
-
 def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> InferRequest:
     """Decodes a gRPC ModelInferRequest, with raw or typed input contents, or in shared memory."""
     raw = request.raw_input_contents
     placements = [_shm_slice(_grpc_parameters(t.parameters), shm, f"input '{t.name}'") for t in request.inputs]
+    mixed = next((t.name for t in request.inputs if raw and t.HasField("contents")), None)
+    if mixed is not None:
+        # Triton's words (server src/grpc/infer_handler.cc), which its grpc_explicit_*_content_client examples check.
+        raise InvalidInput(
+            f"contents field must not be specified when using raw_input_contents for '{mixed}' for model '{request.model_name}'"
+        )
     # raw_input_contents holds, in order, the inputs that are not in shared memory (as in Triton).
     in_band = sum(placed is None for placed in placements)
     if raw and len(raw) != in_band:
@@ -379,8 +404,6 @@ def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> Inf
             inputs[tensor.name] = _from_shm(placed, datatype, shape, what)
             continue
         if raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(f"{what} has both contents and raw_input_contents")
             inputs[tensor.name] = _from_binary(memoryview(next(contents)), datatype, shape, what)
             continue
         if datatype == "FP16":
@@ -397,11 +420,18 @@ def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> Inf
         inputs[tensor.name] = array.reshape(shape)
     outputs = {}
     shm_outputs: dict[str, ShmSlice] = {}
+    classification: dict[str, int] = {}
     for requested in request.outputs:
-        if "classification" in requested.parameters:
-            raise InvalidInput("the classification extension is not supported")
+        parameters = requested.parameters
+        if "classification" in parameters:
+            count = parameters["classification"]
+            if count.WhichOneof("parameter_choice") != "int64_param":
+                raise InvalidInput(f"'classification' of output '{requested.name}' must be an int64_param")
+            classification[requested.name] = _classification(
+                requested.name, count.int64_param, "shared_memory_region" in parameters
+            )
         outputs[requested.name] = True
-        placed = _shm_slice(_grpc_parameters(requested.parameters), shm, f"output '{requested.name}'")
+        placed = _shm_slice(_grpc_parameters(parameters), shm, f"output '{requested.name}'")
         if placed is not None:
             shm_outputs[requested.name] = placed
     return InferRequest(
@@ -410,6 +440,7 @@ def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> Inf
         outputs=outputs,
         parameters=_grpc_parameters(request.parameters),
         shm_outputs=shm_outputs,
+        classification=classification,
     )
 
 
@@ -418,9 +449,9 @@ def encode_grpc(
 ) -> pb.ModelInferResponse:
     response = pb.ModelInferResponse(model_name=model_name, model_version=str(version), id=request.id)
     for name, array in outputs.items():
-        tensor = response.outputs.add(name=name, datatype=datatypes.from_numpy(array.dtype), shape=array.shape)
+        response.outputs.add(name=name, datatype=datatypes.from_numpy(array.dtype), shape=array.shape)
         if name in request.shm_outputs:
-            _set_grpc_parameters(tensor.parameters, _to_shm(request.shm_outputs[name], array, f"output '{name}'"))
+            _to_shm(request.shm_outputs[name], array, f"output '{name}'")
             # An empty entry keeps raw_output_contents aligned with outputs, as Triton does.
             response.raw_output_contents.append(b"")
         else:

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import __version__
-from ..core.config import config_json
-from ..core.errors import InvalidInput, ModelLoadError
+from ..core import classification
+from ..core.config import config_json, parse_version
+from ..core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
 from ..core.model import Model, ModelVersion
 from ..core.repository import Repository
+from ..core.stats import RequestTiming
 from .codec import InferRequest
 from .shm import SharedMemoryRegistry
+
+T = TypeVar("T")
 
 SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
 EXTENSIONS = [
     "binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics", "system_shared_memory",
+    "classification", "sequence",
 ]
 
 
@@ -39,13 +44,21 @@ class DataPlane:
     def model(self, name: str) -> Model:
         return self.repository.get(name)
 
-    def model_ready(self, name: str, version: str | None = None) -> bool:
-        """Whether the model (version) serves; unknown models and versions raise ModelNotFound."""
-        model = self.repository.get(name)
-        if not model.ready:
-            return False
-        model.version(version)
-        return True
+    def unready_reason(self, name: str, version: str | None = None) -> str:
+        """Why the model (version) does not serve, "" if it does.
+
+        As Triton answers: an unknown model or version is not ready, not an error; a version
+        string that is no number is (InvalidInput).
+        """
+        parse_version(version)
+        model = self.repository.models.get(name)  # a name that is no directory is an unknown model
+        if model is None:
+            return f"Request for unknown model: '{name}' is not found"
+        try:
+            model.version(version)
+        except (ModelNotFound, ModelNotReady) as error:
+            return str(error)
+        return ""
 
     def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
         served = self.repository.get(name).version(version)
@@ -80,21 +93,18 @@ class DataPlane:
         return self.repository.index()
 
     async def load_model(self, name: str, config_json: str | None = None) -> None:
-        """The repository extension's load: (re)loads a model, from `config_json` instead of config.pbtxt if given."""
+        """The repository extension's load: (re)loads a model, from `config_json` instead of config.pbtxt if given.
+
+        Every failure says "failed to load '<name>'", Triton's words, which its clients and
+        examples match on; a model the client asked for that is broken is a 400, as in Triton.
+        """
         self._check_explicit_control()
-        override = None
-        if config_json is not None:
-            try:
-                override = json_format.Parse(config_json, mc.ModelConfig())
-            except json_format.ParseError as error:
-                raise InvalidInput(f"the 'config' parameter is not a ModelConfig in JSON: {error}") from None
-            if override.name and override.name != name:
-                raise InvalidInput(f"the 'config' parameter names the model '{override.name}', not '{name}'")
         try:
-            await self.repository.load(name, override)
+            await self.repository.load(name, _override(name, config_json))
         except ModelLoadError as error:
-            # Triton answers 400: the model the client asked for is broken.
             raise InvalidInput(f"failed to load '{name}': {error}") from None
+        except (InvalidInput, ModelNotFound) as error:
+            raise type(error)(f"failed to load '{name}': {error}") from None
 
     async def unload_model(self, name: str) -> None:
         self._check_explicit_control()
@@ -104,8 +114,28 @@ class DataPlane:
         if not self.explicit_control:
             raise InvalidInput("explicit model load / unload is not allowed: start the server with --model_control_mode explicit")
 
-    async def infer(self, name: str, version: str | None, request: InferRequest) -> tuple[ModelVersion, dict]:
-        served = self.repository.get(name).version(version)
-        outputs = await served.infer(request.inputs, list(request.outputs), request.parameters)
-        return served, outputs
+    async def infer(
+        self, name: str, version: str | None, request: InferRequest, timing: RequestTiming, encode: Callable[..., T]
+    ) -> tuple[ModelVersion, T]:
+        """Runs a decoded request and answers it: `encode(model_name, version, request, outputs)`, the edge's encoder.
 
+        `timing`, started by the edge before decoding, goes into the version's statistics once the answer is encoded.
+        """
+        served = self.repository.get(name).version(version)
+        outputs = await served.infer(request.inputs, list(request.outputs), request.parameters, timing)
+        with timing.answering():  # compute_output: what is made of the outputs, then their encoding
+            outputs = classification.classify(outputs, request.classification, served.labels, served.signature.batching)
+            return served, encode(served.name, served.version, request, outputs)
+
+
+def _override(name: str, config_json: str | None) -> mc.ModelConfig | None:
+    """The config a load request gives in place of config.pbtxt, if any."""
+    if config_json is None:
+        return None
+    try:
+        override = json_format.Parse(config_json, mc.ModelConfig())
+    except json_format.ParseError as error:
+        raise InvalidInput(f"the 'config' parameter is not a ModelConfig in JSON: {error}") from None
+    if override.name and override.name != name:
+        raise InvalidInput(f"the 'config' parameter names the model '{override.name}', not '{name}'")
+    return override

@@ -1,4 +1,4 @@
-"""Core errors -> HTTP status and gRPC code, in one place for both edges."""
+"""Core errors -> HTTP status and gRPC code, and the message of an unexpected error, in one place for both edges."""
 
 from __future__ import annotations
 
@@ -23,3 +23,11 @@ def http_status(error: AscendError) -> int:
 
 def grpc_code(error: AscendError) -> grpc.StatusCode:
     return _CODE.get(type(error), grpc.StatusCode.INTERNAL)
+
+
+def unexpected(error: Exception) -> str:
+    """The message of an error no code path expected (a fault of a runtime or of the server): 500 / INTERNAL.
+
+    Named by its type, since the text of many exceptions (a KeyError's) says little alone.
+    """
+    return f"{type(error).__name__}: {error}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -14,11 +15,13 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ..core import tracing
+from ..core.config import normalized
 from ..core.errors import AscendError, InvalidInput
+from ..core.stats import RequestTiming
 from . import logs
 from .codec import decode_grpc, encode_grpc
 from .dataplane import DataPlane
-from .errors import grpc_code
+from .errors import grpc_code, unexpected
 from .shm import CUDA_SHM_UNSUPPORTED
 
 log = logging.getLogger(__name__)
@@ -34,7 +37,8 @@ def _trace_carrier(context: aio.ServicerContext) -> dict[str, str] | None:
 
 
 def _answers_errors(rpc):
-    """Aborts the call with the code of a core error; the server goes on serving.
+    """Aborts the call with the code of a core error, or INTERNAL for any other error (logged with
+    its traceback); the server goes on serving.
 
     Also starts the call's log context, named by its `x-request-id` metadata if it has one.
     """
@@ -48,6 +52,11 @@ def _answers_errors(rpc):
             code = grpc_code(error)
             (log.error if code is grpc.StatusCode.INTERNAL else log.info)("%s: %s", rpc.__name__, error)
             await context.abort(code, str(error))
+        except aio.AbortError:
+            raise  # the call was already ended with its status
+        except Exception as error:
+            log.exception("%s: unexpected error", rpc.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, unexpected(error))
 
     return wrapper
 
@@ -56,18 +65,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane):
         self.dataplane = dataplane
 
+    @_answers_errors
     async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=True)
 
+    @_answers_errors
     async def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=self.dataplane.ready())
 
+    @_answers_errors
     async def ServerMetadata(self, request, context):
         return pb.ServerMetadataResponse(**self.dataplane.metadata())
 
     @_answers_errors
     async def ModelReady(self, request, context):
-        return pb.ModelReadyResponse(ready=self.dataplane.model_ready(request.name, request.version))
+        # Triton's answer: `ready: false` for an unknown model or version too, not an error.
+        return pb.ModelReadyResponse(ready=not self.dataplane.unready_reason(request.name, request.version))
 
     @_answers_errors
     async def ModelMetadata(self, request, context):
@@ -84,7 +97,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_answers_errors
     async def ModelConfig(self, request, context):
         config = self.dataplane.model(request.name).version(request.version).config
-        return pb.ModelConfigResponse(config=config)
+        return pb.ModelConfigResponse(config=normalized(config))  # with the defaults Triton fills in, as over REST
 
     @_answers_errors
     async def ModelStatistics(self, request, context):
@@ -123,11 +136,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if request.id:
             logs.begin_request(request.id)  # the OIP id names the request ahead of the metadata
         with tracing.infer_span(request.model_name, _trace_carrier(context), logs.request_id) as span:
+            timing = RequestTiming()  # the server's work on the request starts once its message is in
             infer_request = decode_grpc(request, self.dataplane.shm)
-            served, outputs = await self.dataplane.infer(request.model_name, request.model_version, infer_request)
+            served, response = await self.dataplane.infer(
+                request.model_name, request.model_version, infer_request, timing, encode_grpc
+            )
             if span is not None:
                 span.set_attribute(tracing.MODEL_VERSION, served.version)
-            return encode_grpc(served.name, served.version, infer_request, outputs)
+            return response
 
     @_answers_errors
     async def SystemSharedMemoryStatus(self, request, context):
@@ -155,20 +171,66 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryRegister(self, request, context):
         raise InvalidInput(CUDA_SHM_UNSUPPORTED)
 
+    @_answers_errors
     async def CudaSharedMemoryUnregister(self, request, context):
         return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can be registered
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Each request of the stream answered in order; an error travels in its response, the stream goes on."""
+        """The requests of a stream run concurrently, as in Triton, each answered when its result is
+        ready (clients match responses by id); the requests of one sequence run in stream order.
+        An error travels in its request's response and the stream goes on."""
         stream_id = _header(context, "x-request-id")
-        async for request in request_iterator:
+        responses: asyncio.Queue = asyncio.Queue()
+        answering: set[asyncio.Task] = set()
+        latest: dict = {}  # sequence id -> the task answering its latest request
+
+        async def answer(request: pb.ModelInferRequest, after: asyncio.Task | None) -> None:
+            if after is not None:
+                await asyncio.wait((after,))  # the sequence's previous request first
             logs.begin_request(stream_id)
+            responses.put_nowait(await self._stream_response(request, context))
+
+        async def read() -> None:
             try:
-                response = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
-            except AscendError as error:
-                (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
-                response = pb.ModelStreamInferResponse(error_message=str(error))
-            yield response
+                async for request in request_iterator:
+                    sequence = _sequence_id(request)
+                    task = asyncio.create_task(answer(request, latest.get(sequence)))
+                    answering.add(task)
+                    task.add_done_callback(answering.discard)
+                    if sequence is not None:
+                        latest[sequence] = task
+                        task.add_done_callback(lambda done, key=sequence: latest.get(key) is done and latest.pop(key))
+                if answering:
+                    await asyncio.wait(answering)
+            finally:
+                responses.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await responses.get()) is not None:
+                yield response
+        finally:  # the stream ended: also when the client went away, whose answers nobody reads
+            reader.cancel()
+            for task in answering:
+                task.cancel()
+
+    async def _stream_response(self, request: pb.ModelInferRequest, context) -> pb.ModelStreamInferResponse:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+        except AscendError as error:
+            (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
+            return pb.ModelStreamInferResponse(error_message=str(error))
+        except Exception as error:
+            log.exception("ModelStreamInfer: unexpected error")
+            return pb.ModelStreamInferResponse(error_message=unexpected(error))
+
+
+def _sequence_id(request: pb.ModelInferRequest):
+    """The request's `sequence_id` parameter (a number or a string), None outside a sequence."""
+    if "sequence_id" not in request.parameters:
+        return None
+    parameter = request.parameters["sequence_id"]
+    return getattr(parameter, parameter.WhichOneof("parameter_choice") or "int64_param") or None
 
 
 class CertificateFiles:

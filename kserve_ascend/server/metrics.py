@@ -58,8 +58,13 @@ _PER_VERSION: tuple[tuple[type, str, str, Callable[[ModelVersion], float]], ...]
      lambda v: v.stats.success.ns // 1000),
     (_COUNTER, "nv_inference_queue_duration_us", "Cumulative time successful requests waited in the queue, in microseconds",
      lambda v: v.stats.queue.ns // 1000),
-    (_COUNTER, "nv_inference_compute_infer_duration_us", "Cumulative compute duration of successful requests in microseconds",
-     lambda v: v.stats.compute_infer.ns // 1000),
+    # Triton's three compute counters, with what the statistics extension's compute_* measure (core/stats.py).
+    (_COUNTER, "nv_inference_compute_input_duration_us", "Cumulative time requests spend processing inference inputs, in microseconds",
+     lambda v: v.stats.compute.input.ns // 1000),
+    (_COUNTER, "nv_inference_compute_infer_duration_us", "Cumulative time requests spend executing the inference model, in microseconds",
+     lambda v: v.stats.compute.infer.ns // 1000),
+    (_COUNTER, "nv_inference_compute_output_duration_us", "Cumulative time requests spend processing inference outputs, in microseconds",
+     lambda v: v.stats.compute.output.ns // 1000),
     (GaugeMetricFamily, "nv_inference_pending_request_count", "Requests waiting in the queue for an execution",
      lambda v: v.scheduler.queued),
     (_COUNTER, "infer_request_count", "Inference requests that reached the model, successful or failed",
@@ -150,7 +155,7 @@ def _batch_sizes(versions: list[ModelVersion]) -> HistogramMetricFamily:
     metric = HistogramMetricFamily("batch_size_distribution", "Rows per model execution", labels=LABELS)
     bounds = (*BATCH_BUCKETS, float("inf"))
     for version in versions:
-        executions = [(size, duration.count) for size, duration in list(version.stats.batches.items())]
+        executions = [(size, batch.infer.count) for size, batch in list(version.stats.batches.items())]
         buckets = [(floatToGoString(b), sum(n for size, n in executions if size <= b)) for b in bounds]
         metric.add_metric(_labels(version), buckets, sum(size * n for size, n in executions))
     return metric

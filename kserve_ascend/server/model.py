@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any, Dict, Optional
 
 import kserve
@@ -14,7 +15,9 @@ from . import v1
 from ..core.datatypes import from_numpy
 from ..core.errors import AscendError, ModelLoadError
 from ..core.model import Model
-from .errors import http_status
+from .errors import http_status, unexpected
+
+log = logging.getLogger(__name__)
 
 
 class AscendModel(kserve.Model):
@@ -54,10 +57,14 @@ class AscendModel(kserve.Model):
         response_headers: Optional[Dict[str, str]] = None,
     ) -> InferResponse:
         if not isinstance(payload, InferRequest):
+            # Answered as the OIP routes answer: {"error": ...} with the core error's status, else 500.
             try:
                 return await self._predict_v1(payload)
-            except AscendError as error:  # answered as the OIP routes answer it
+            except AscendError as error:
                 raise HTTPException(http_status(error), str(error)) from None
+            except Exception as error:
+                log.exception("V1 predict of model '%s': unexpected error", self.name)
+                raise HTTPException(500, unexpected(error)) from None
         served = self.model.version(payload.model_version)
         outputs = await served.infer({i.name: i.as_numpy() for i in payload.inputs})
         infer_outputs = []

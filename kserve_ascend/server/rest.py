@@ -13,18 +13,20 @@ import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core import tracing
 from ..core.errors import AscendError, InvalidInput
+from ..core.stats import RequestTiming
 from . import logs
 from .auth import Authenticator, RestAuthentication
 from .codec import HEADER_LENGTH, decode_rest, encode_rest, json_object
 from .dataplane import DataPlane
-from .errors import http_status
+from .compression import Compression
+from .errors import http_status, unexpected
 from .shm import CUDA_SHM_UNSUPPORTED
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,8 @@ def _error(message: str, status: int) -> Response:
 
 
 def _answers_errors(endpoint):
-    """Turns a core error into `{"error": ...}` with its status; the server goes on serving.
+    """Turns any error into `{"error": ...}`: a core error with its status, any other 500 (logged
+    with its traceback); the server goes on serving.
 
     Also starts the request's log context, named by its `x-request-id` header if it has one.
     """
@@ -58,6 +61,14 @@ def _answers_errors(endpoint):
             status = http_status(error)
             (log.error if status >= 500 else log.info)("%s %s: %s", request.method, request.url.path, error)
             return _error(str(error), status)
+        except HTTPException:
+            raise  # raised while reading the body (too large, badly compressed): the app's handler answers it
+        except ClientDisconnect:
+            log.info("%s %s: the client went away before sending its whole body", request.method, request.url.path)
+            return Response(status_code=400)  # read by nobody
+        except Exception as error:
+            log.exception("%s %s: unexpected error", request.method, request.url.path)
+            return _error(unexpected(error), 500)
 
     return wrapper
 
@@ -84,9 +95,10 @@ class RestEndpoints:
     async def model_ready(self, request: Request) -> Response:
         p = request.path_params
         name, version = p["model_name"], p.get("model_version")
-        if not self.dataplane.model_ready(name, version):
-            model = self.dataplane.model(name)
-            return _error(f"model '{name}' is not ready: {model.reason}", 400)
+        unready = self.dataplane.unready_reason(name, version)
+        if unready:
+            # Triton's status and words, for an unknown model or version as for one not loaded (OIP: 4xx is false).
+            return _error(f"Model version not ready: {unready}", 400)
         return _json({"name": name, "ready": True})
 
     async def model_config(self, request: Request) -> Response:
@@ -120,17 +132,20 @@ class RestEndpoints:
     async def infer(self, request: Request) -> Response:
         p = request.path_params
         with tracing.infer_span(p["model_name"], request.headers, logs.request_id) as span:
-            infer_request = decode_rest(await request.body(), request.headers.get(HEADER_LENGTH), self.dataplane.shm)
+            body = await request.body()
+            timing = RequestTiming()  # the server's work on the request starts once its body is in
+            infer_request = decode_rest(body, request.headers.get(HEADER_LENGTH), self.dataplane.shm)
             if infer_request.id:
                 logs.begin_request(infer_request.id)  # the OIP id names the request ahead of the header
-            served, outputs = await self.dataplane.infer(p["model_name"], p.get("model_version"), infer_request)
+            served, (answer, header_length) = await self.dataplane.infer(
+                p["model_name"], p.get("model_version"), infer_request, timing, encode_rest
+            )
             if span is not None:
                 span.set_attribute(tracing.MODEL_VERSION, served.version)
-            body, header_length = encode_rest(served.name, served.version, infer_request, outputs)
         if header_length is None:
-            return Response(body, media_type=JSON)
+            return Response(answer, media_type=JSON)
         return Response(
-            body,
+            answer,
             media_type="application/octet-stream",
             headers={"Inference-Header-Content-Length": str(header_length)},
         )
@@ -196,8 +211,18 @@ class RestEndpoints:
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:
-    """Unknown routes and wrong methods answer in the OIP error shape too."""
-    return _error(str(error.detail), error.status_code)
+    """Unknown routes, wrong methods and unreadable bodies answer in the OIP error shape too."""
+    response = _error(str(error.detail), error.status_code)
+    response.headers.update(error.headers or {})
+    return response
+
+
+async def _server_error(request: Request, error: Exception) -> Response:
+    """What escaped every route's own handling (a fault in a middleware) answers in the OIP error shape too.
+
+    Starlette raises the error again once this is sent, so uvicorn logs it with its traceback.
+    """
+    return _error(unexpected(error), 500)
 
 
 class BodyLimit:
@@ -247,14 +272,15 @@ def application(
 
     The OIP routes sit outside KServe's middleware stack (per-request timing logs,
     telemetry), which costs more than the rest of a small request's handling. The token
-    check (when `authenticator` is given) and the body limit guard both.
+    check (when `authenticator` is given) and the body limit guard both; inference requests and
+    responses are compressed as Triton's are (see `compression`).
     """
     kserve_app.add_exception_handler(HTTPException, _http_error)
-    middleware = [Middleware(BodyLimit, limit=max_input_size)]
+    middleware = [Middleware(BodyLimit, limit=max_input_size), Middleware(Compression, limit=max_input_size)]
     if authenticator is not None:
         middleware.insert(0, Middleware(RestAuthentication, authenticator=authenticator))  # before any body is read
     return Starlette(
         routes=[*RestEndpoints(dataplane).routes(), Mount("/", app=kserve_app)],
         middleware=middleware,
-        exception_handlers={HTTPException: _http_error},
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )

@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kserve_ascend.core import config as cfg
-from kserve_ascend.core import warmup
+from kserve_ascend.core import sequence, warmup
 from kserve_ascend.core.errors import AscendError, InvalidInput, ModelLoadError
 from kserve_ascend.core.instance import Instance, complete_config
 from kserve_ascend.core.model import checked_sha256
@@ -32,6 +32,22 @@ PADDING_METRIC = "ascend_batch_padding_rows"
 def _model_config(config_json: str | dict) -> mc.ModelConfig:
     config = json.loads(config_json) if isinstance(config_json, str) else config_json
     return json_format.ParseDict(config, mc.ModelConfig(), ignore_unknown_fields=True)
+
+
+def _as_triton_hands_them(config: mc.ModelConfig) -> mc.ModelConfig:
+    """The config with each tensor's `reshape` as its dims: the shapes this backend sees.
+
+    Triton reshapes an input to its `reshape` before the backend gets it (core
+    src/infer_request.cc), and takes outputs back in their `reshape` shape, turning them into
+    `dims` itself (core src/infer_response.cc, InferenceResponse::Output::Reshape).
+    """
+    model = mc.ModelConfig()
+    model.CopyFrom(config)
+    for tensor in (*model.input, *model.output):
+        if tensor.HasField("reshape"):
+            tensor.dims[:] = tensor.reshape.shape
+            tensor.ClearField("reshape")
+    return model
 
 
 def _instance_device(config: mc.ModelConfig, args: dict) -> int:
@@ -90,8 +106,17 @@ class TritonPythonModel:
         device_id = _instance_device(config, args)
         path = cfg.model_file(config, version_dir)
         checked_sha256(config, path, int(args["model_version"]))  # refuses a file the config does not expect
+        # A sequence model also takes the control inputs Triton's sequence batcher adds, and implicit
+        # state, which this backend keeps (Triton's python backend cannot).
+        self.states = None
+        if config.HasField("sequence_batching"):
+            self.states = sequence.StateStore(sequence.SequenceBatching(config, Path(args["model_repository"])))
         runtime = load_runtime(config, path, device_id)
         name = args["model_instance_name"]
+        config = _as_triton_hands_them(config)
+        self.outputs = [tensor.name for tensor in config.output]
+        if self.states is not None:
+            config = self.states.sequences.model_config(config)
         self.signature = Signature(config)
         try:
             self.instance = Instance(runtime, self.signature)
@@ -105,7 +130,6 @@ class TritonPythonModel:
         except AscendError:
             runtime.close()
             raise
-        self.outputs = list(self.signature.outputs)
         self.prepare_request = runtime.prepare_request
         # The family outlives its metric (the stub refuses the other order).
         self.padding_family = pb_utils.MetricFamily(
@@ -139,6 +163,8 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is not None:
                         inputs[name] = tensor.as_numpy()
+                if self.states is not None:
+                    inputs.update(self.states.inputs(request.correlation_id(), request.flags()))
                 self.signature.check_inputs(inputs)
                 if self.prepare_request is not None:
                     inputs = self.prepare_request(inputs, json.loads(request.parameters() or "{}"))
@@ -147,7 +173,10 @@ class TritonPythonModel:
                 continue
             batch.append(inputs)
             positions.append(position)
-            wanted.append(request.requested_output_names() or self.outputs)
+            # Triton's order is the order the backend returns them in. The stub gives the requested names
+            # as a set (python_backend src/infer_request.cc: std::set), so the config's order it is.
+            requested = request.requested_output_names()
+            wanted.append([n for n in self.outputs if n in requested] if requested else self.outputs)
         if batch:
             padded = self.instance.padding_rows
             try:
@@ -162,6 +191,8 @@ class TritonPythonModel:
                     responses[position] = _error(error, code)
             if results is not None:
                 for position, outputs, names in zip(positions, results, wanted):
+                    if self.states is not None:
+                        self.states.keep(requests[position].correlation_id(), requests[position].flags(), outputs)
                     tensors = [pb_utils.Tensor(n, np.ascontiguousarray(outputs[n])) for n in names]
                     responses[position] = pb_utils.InferenceResponse(output_tensors=tensors)
         return responses

@@ -20,7 +20,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import ModelLoadError
+from ..errors import InvalidInput, ModelLoadError
 from .base import Runtime, TensorSpec, parameter
 from .tiny_onnx import relu_model
 
@@ -158,6 +158,10 @@ class OnnxRuntime(Runtime):
         self._inputs = [_spec(n) for n in self.session.get_inputs()]
         self._outputs = [_spec(n) for n in self.session.get_outputs()]
         self._batch_sizes = self._file_batch_sizes()
+        self._text_inputs = {s.name for s in self._inputs if s.datatype == "BYTES"}
+        self._text_outputs = {s.name for s in self._outputs if s.datatype == "BYTES"}
+        if self._text_inputs:
+            self.prepare_request = self._decode_text  # per request, so bad bytes fail only their request
         log.info("%s: %s on device %d with %s", config.name, path.name, device_id, self.provider)
 
     def _cann_options(self) -> dict[str, str]:
@@ -243,11 +247,48 @@ class OnnxRuntime(Runtime):
             info.update(degraded="true", degraded_reason=self.degraded_reason)
         return info
 
+    def _decode_text(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object]) -> Mapping[str, np.ndarray]:
+        return {**inputs, **{n: _text(inputs[n], n) for n in self._text_inputs if n in inputs}}
+
     def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
-        return dict(zip(output_names, self.session.run(list(output_names), dict(inputs))))
+        # Strings decoded by prepare_request stay as they are; padding rows and warmup samples are decoded here.
+        feed = {n: _text(a, n) if n in self._text_inputs else a for n, a in inputs.items()}
+        outputs = dict(zip(output_names, self.session.run(list(output_names), feed)))
+        for name in self._text_outputs.intersection(outputs):
+            outputs[name] = _utf8(outputs[name])
+        return outputs
 
     def close(self) -> None:
         self.session = None
+
+
+def _text(array: np.ndarray, name: str) -> np.ndarray:
+    """A BYTES tensor (numpy objects, `bytes`) as onnxruntime takes a tensor(string): `str` objects.
+
+    onnxruntime's Python binding turns each element of an object array into text with
+    PyObject_Str and stores that text as UTF-8 (CopyDataToTensor in
+    onnxruntime/python/onnxruntime_pybind_mlvalue.cc), so `bytes` would reach the model as
+    "b'...'". Bytes that are not UTF-8 have no text to stand for them: a client error, not corruption.
+    """
+    flat = array.ravel()
+    text = np.empty(flat.shape, dtype=object)
+    for index, value in enumerate(flat):
+        if isinstance(value, str):
+            text[index] = value
+            continue
+        try:
+            text[index] = bytes(value).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInput(
+                f"input '{name}' element {index} is not UTF-8 text ({error.reason} at byte {error.start}):"
+                " the model takes it as a tensor(string), which holds UTF-8"
+            ) from None
+    return text.reshape(array.shape)
+
+
+def _utf8(array: np.ndarray) -> np.ndarray:
+    """A tensor(string) output (numpy objects, `str`) as a BYTES tensor: the UTF-8 of each string."""
+    return np.array([value.encode("utf-8") for value in array.ravel()], dtype=object).reshape(array.shape)
 
 
 def initialise_acl(device_id: int) -> None:

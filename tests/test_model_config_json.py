@@ -1,0 +1,107 @@
+"""The model configuration extension written as Triton writes it, field by field against real Triton's
+answer for every model of model_repository/, over REST and gRPC."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from conftest import REPOSITORY
+from kserve_ascend.core import config as cfg
+
+MODELS = sorted(p.name for p in REPOSITORY.iterdir() if (p / "config.pbtxt").is_file())
+
+#: What Triton writes that this server leaves out, and why: they describe Triton's own machinery.
+TRITON_ONLY = {
+    # CUDA pinned host buffers and the TensorRT/ORT graph priorities, filled in by Triton's
+    # NormalizeModelConfig; nothing of this server reads them.
+    "optimization",
+    # The backend's library: "model.py" under Triton's Python backend; this server has no backend.
+    "runtime",
+}
+
+
+def as_dict(config: mc.ModelConfig) -> dict:
+    """A ModelConfig as Triton's REST answer writes it, to compare gRPC answers with."""
+    return json_format.MessageToDict(config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+
+def differences(ours: dict, theirs: dict, path: str = "") -> list[str]:
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        found = []
+        for key in sorted(set(ours) | set(theirs)):
+            if key not in ours or key not in theirs:
+                found.append(f"{path}/{key}: only in {'triton' if key in theirs else 'kserve'}")
+            else:
+                found += differences(ours[key], theirs[key], f"{path}/{key}")
+        return found
+    if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
+        return [d for i, (a, b) in enumerate(zip(ours, theirs)) for d in differences(a, b, f"{path}[{i}]")]
+    return [] if ours == theirs else [f"{path}: {ours!r} != {theirs!r}"]
+
+
+def without(config: dict, keys) -> dict:
+    return {k: v for k, v in config.items() if k not in keys}
+
+
+def initial_state_dims_as_numbers(config: dict) -> dict:
+    """Triton's one 64-bit field left a string: ModelConfigToJson (core's model_config_utils.cc) looks
+    `initial_state` up in sequence_batching rather than in each state, so never finds it. This
+    server writes every int64 as a number."""
+    for state in config.get("sequence_batching", {}).get("state", []):
+        for initial in state.get("initial_state", []):
+            initial["dims"] = [int(d) for d in initial["dims"]]
+    return config
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_rest_config_is_tritons_field_by_field(server, triton, model):
+    ours = requests.get(f"{server.url}/v2/models/{model}/config").json()
+    theirs = initial_state_dims_as_numbers(requests.get(f"{triton.url}/v2/models/{model}/config").json())
+    assert differences(without(ours, TRITON_ONLY), without(theirs, TRITON_ONLY)) == []
+    # Every field Triton writes is compared but those listed, and those are Triton's indeed.
+    assert set(theirs) - set(ours) == {"optimization"} and ours["runtime"] == "" and theirs["runtime"] == "model.py"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_grpc_config_is_tritons_and_the_rest_answers(server, triton, model):
+    with grpcclient.InferenceServerClient(server.grpc) as ours, grpcclient.InferenceServerClient(triton.grpc) as theirs:
+        mine, tritons = ours.get_model_config(model).config, theirs.get_model_config(model).config
+    assert differences(without(as_dict(mine), TRITON_ONLY), without(as_dict(tritons), TRITON_ONLY)) == []
+    rest = requests.get(f"{server.url}/v2/models/{model}/config").json()
+    assert json_format.ParseDict(rest, mc.ModelConfig()) == mine
+
+
+def test_fields_at_their_default_read_as_image_client_reads_them(server):
+    # yolov8n_detect: max_batch_size 0 and no version_policy in its config.pbtxt.
+    config = requests.get(f"{server.url}/v2/models/yolov8n_detect/config").json()
+    assert config["max_batch_size"] == 0
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert [i["dims"] for i in config["input"]] == [[1], [1, 3, 640, 640]]
+    assert mc.ModelInput.Format.Value(config["input"][0]["format"]) == mc.ModelInput.FORMAT_NONE
+    assert config["input"][0]["optional"] is True and config["output"][0]["label_filename"] == ""
+    assert config["model_warmup"] == [] and config["parameters"] == {"pipeline": {"string_value": "yolov8"}}
+
+
+def test_defaults_filled_in_where_the_config_is_silent():
+    config = mc.ModelConfig(name="bare", max_batch_size=4)
+    config.dynamic_batching.SetInParent()
+    config.input.add(name="x", data_type=mc.TYPE_FP32, dims=[2])
+    written = cfg.config_json(config)
+    assert written["version_policy"] == {"latest": {"num_versions": 1}}
+    assert written["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert [(g["name"], g["count"]) for g in written["instance_group"]] == [("bare", 1)]
+    assert written["input"][0]["dims"] == [2] and written["output"] == []
+    # What the config says stays as it says it.
+    config.version_policy.all.SetInParent()
+    config.dynamic_batching.preferred_batch_size.append(2)
+    config.instance_group.add(count=0)
+    config.instance_group.add(name="second", count=3)
+    written = cfg.config_json(config)
+    assert written["version_policy"] == {"all": {}}
+    assert written["dynamic_batching"]["preferred_batch_size"] == [2]
+    assert [(g["name"], g["count"]) for g in written["instance_group"]] == [("bare_0", 1), ("second", 3)]
+    assert not config.instance_group[0].name  # the served config itself is left as it is
