@@ -9,6 +9,12 @@ CANN_VENV  := $(VENV)/cann
 CANN_STAMP := $(CANN_VENV)/.installed
 # Triton's perf_analyzer 2.51, taken from the tritonclient 2.51.0 wheel (tools/perf_analyzer.py).
 PERF_ANALYZER := $(VENV)/perf_analyzer/bin/perf_analyzer
+# Debian's Prometheus (prometheus, promtool): tests/test_prometheus.py runs it against the servers.
+PROMETHEUS_STAMP := $(VENV)/.prometheus-installed
+# The code of kserve/storage-initializer:v0.15.2 (manifests/triton's init container): the `kserve`
+# 0.15.2 package, whose protobuf 4 cannot share .venv. tests/test_storage.py runs its Storage.download.
+STORAGE_INITIALIZER_VENV  := $(VENV)/kserve-0.15.2
+STORAGE_INITIALIZER_STAMP := $(STORAGE_INITIALIZER_VENV)/.installed
 
 MODEL_DIR ?= model_repository
 HTTP_PORT ?= 8080
@@ -40,10 +46,19 @@ $(PERF_ANALYZER): $(STAMP) tools/perf_analyzer.py
 	$(BIN)/python tools/perf_analyzer.py
 	touch $@
 
+$(STORAGE_INITIALIZER_STAMP):
+	test -x $(STORAGE_INITIALIZER_VENV)/bin/python || $(PYTHON) -m venv $(STORAGE_INITIALIZER_VENV)
+	$(STORAGE_INITIALIZER_VENV)/bin/pip install --quiet 'kserve[storage]==0.15.2'
+	touch $@
+
+$(PROMETHEUS_STAMP): | $(STAMP)
+	command -v prometheus >/dev/null || apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }
+	touch $@
+
 serve: $(STAMP)
 	$(BIN)/python -m kserve_ascend --model_dir $(MODEL_DIR) --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT)
 
-test: $(STAMP) $(CANN_STAMP) $(PERF_ANALYZER)
+test: $(STAMP) $(CANN_STAMP) $(PERF_ANALYZER) $(PROMETHEUS_STAMP) $(STORAGE_INITIALIZER_STAMP)
 	$(BIN)/python -m pytest
 
 # On an Ascend host (CANN toolkit installed, set_env.sh sourced): CANN, pyACL, an NPU, the CANN

@@ -19,6 +19,18 @@ COPY tools/check_ascend_host.py ./tools/check_ascend_host.py
 # package and is in the `cpu` extra, not installed here).
 RUN pip install --no-cache-dir '.[ascend]' && pip check
 
+# Not root: HwHiAiUser, the NPU driver's running user and group (Ascend's installation guide), with
+# the ids of the hosts' HwHiAiUser, which a non-root container must share to open the NPU (Ascend
+# MindEdge's container guide: build with --build-arg HWHIAIUSER_UID=$(id -u HwHiAiUser) and
+# HWHIAIUSER_GID=$(id -g HwHiAiUser); 1000 as in Ascend's own images, e.g. ascend-device-plugin's).
+# Numeric in USER, so that Kubernetes can check runAsNonRoot; manifests/ run as the same ids.
+# The installed files stay root's, readable by all; CANN writes its logs and caches under $HOME.
+ARG HWHIAIUSER_UID=1000
+ARG HWHIAIUSER_GID=1000
+RUN groupadd -g ${HWHIAIUSER_GID} HwHiAiUser \
+ && useradd -u ${HWHIAIUSER_UID} -g HwHiAiUser -m -d /home/HwHiAiUser -s /usr/sbin/nologin HwHiAiUser
+USER ${HWHIAIUSER_UID}:${HWHIAIUSER_GID}
+
 # REST, gRPC and Prometheus as the ServingRuntime runs them (manifests/base: --metrics_port=8082,
 # off the 9090/9091 of Knative's queue-proxy in the same pod).
 EXPOSE 8080 8081 8082

@@ -8,6 +8,8 @@
 ARG KSERVE_ASCEND_IMAGE=kserve-ascend:0.1.0
 FROM ${KSERVE_ASCEND_IMAGE}
 
+# The base image runs as HwHiAiUser: installing takes root, then the same user again.
+USER root
 # The stub links libpython3.11.so, which the CANN image keeps outside the linker's path.
 # pytriton beside the `ascend` extra keeps `pip check` clean (its tritonclient is the core's).
 RUN pip install --no-cache-dir "nvidia-pytriton==0.7.0" \
@@ -18,8 +20,22 @@ RUN pip install --no-cache-dir "nvidia-pytriton==0.7.0" \
 WORKDIR /opt/kserve-ascend
 COPY triton_backend/ascend/model.py ./triton_backend/ascend/model.py
 COPY tools/run_triton.py ./tools/run_triton.py
+# Triton laid out as in NVIDIA's images, for whatever runs `tritonserver` itself (Seldon Core 2's
+# triton ServerConfig: /opt/tritonserver/bin/tritonserver up to 2.6, `tritonserver` from PATH since
+# 2.7): /opt/tritonserver/backends (python + ascend), Triton's default --backend-directory, and
+# /opt/tritonserver/bin/tritonserver, which runs the wheel's Triton with the arguments it is given
+# and the library path and PATH the python backend's stub needs. Root's, read-only for the user.
+RUN python tools/run_triton.py --install /opt/tritonserver
+ENV PATH=/opt/tritonserver/bin:${PATH}
+# run_triton.py assembles the backends afresh on every start in its default --backend-directory,
+# build/triton_backends beside tools/: the one directory the server writes, so the user's.
+ARG HWHIAIUSER_UID=1000
+ARG HWHIAIUSER_GID=1000
+RUN install -d -o ${HWHIAIUSER_UID} -g ${HWHIAIUSER_GID} build/triton_backends
+USER ${HWHIAIUSER_UID}:${HWHIAIUSER_GID}
 
 EXPOSE 8000 8001 8002
 # Assembles the backend directory (python backend + ascend) and execs tritonserver:
 # its own flags (--model-repository, --http-port, ...), then tritonserver's after `--`.
+# A container `command` of `tritonserver ...` bypasses it and runs /opt/tritonserver's.
 ENTRYPOINT ["python", "/opt/kserve-ascend/tools/run_triton.py"]

@@ -1,16 +1,21 @@
 """manifests/ and docker/, checked against what consumes them.
 
-- KServe's objects (InferenceService, ServingRuntime, ClusterServingRuntime) field by field
-  against the kserve SDK's models and the Kubernetes models they nest: an unknown or
-  misspelled field fails. (`ApiClient.deserialize` cannot do it: it fails on these objects and
-  drops unknown fields silently.)
+- Custom resources (KServe's, KEDA's, Istio's, Seldon's) against their projects' real CRD schemas
+  (tests/crds, tests/crd_schema.py): a field the API server would prune fails. KServe's objects
+  also field by field against the kserve SDK's models and the Kubernetes models they nest.
+  (`ApiClient.deserialize` cannot do it: it fails on these objects and drops unknown fields silently.)
 - Kubernetes' own objects against the API schema of a pinned Kubernetes version
   (kubernetes-validate, strict: unknown fields fail too).
 - The runtime's and the Triton Deployment's args by the real argument parsers, then the real
   servers started with those args (ports and paths substituted) and asked every probe path.
-- The Grafana dashboard's queries against the metrics the running server exposes, and the
-  scrape job against the annotations the pods carry.
-- The Dockerfiles: every COPY source exists in the build context; the entrypoint is the real CLI.
+- The Grafana dashboard's panels and layout. (Its queries and the scrape job run in the real
+  Prometheus against the real servers: test_prometheus.py.)
+- Every container of every manifest as Pod Security `restricted` admits it, the project's images
+  run as their image's user (HwHiAiUser); the chip overlays change exactly the NPU resource, the
+  node selector and the image; a Triton rollout needs no spare NPU; Knative-only features pin
+  the deployment mode. (Downloads by KServe's storage initializer: test_storage.py.)
+- The Dockerfiles: every COPY source exists in the build context and is readable by the image's
+  user, who is created before USER names it; the entrypoint is the real CLI.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import copy
 import fnmatch
 import importlib.util
 import json
+import socket
 import os
 import posixpath
 import re
@@ -30,6 +36,7 @@ import tomllib
 from pathlib import Path
 
 import kserve_ascend.server  # noqa: F401  (first: it makes kserve importable beside tritonclient)
+import jsonschema
 import kubernetes.client.models
 import kubernetes_validate
 import pydantic
@@ -41,6 +48,7 @@ from kserve import models as kserve_models
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2
 
+import crd_schema
 from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, copy_model, free_port, load_fake_acl, stop_server, wait_until
 
 MANIFESTS = ROOT / "manifests"
@@ -83,7 +91,9 @@ class InvalidManifest(Exception):
     pass
 
 
-_PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool, "object": object, "datetime": str}
+_PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool, "object": object, "datetime": str,
+               # A resource.Quantity (an integer or a string), which the kserve SDK names but does not ship.
+               "V1beta1MetricQuantity": (int, str)}
 
 
 def _model_class(name: str) -> type:
@@ -129,10 +139,15 @@ def build(openapi_type: str, value, path: str):
 
 
 def validate(obj: dict) -> None:
-    """A Kubernetes object, by the kserve SDK's models or by Kubernetes' API schema."""
-    model = KSERVE_KINDS.get((obj.get("apiVersion"), obj.get("kind")))
+    """A Kubernetes object: a custom resource by its CRD's schema (KServe's also by the kserve SDK's
+    models), any other by Kubernetes' API schema."""
+    key = (obj.get("apiVersion"), obj.get("kind"))
+    if key not in crd_schema.kinds():
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)  # no CRD of ours: a built-in kind, or it fails
+        return
+    crd_schema.validate(obj)
+    model = KSERVE_KINDS.get(key)
     if model is None:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         return
     build(model.__name__, obj, obj["kind"])
     # Their containers are Kubernetes' core type: the API schema checks them once more (formats, ranges).
@@ -181,7 +196,7 @@ def test_the_validation_catches_a_misspelled_field(case):
     (obj,) = documents(path)
     validate(copy.deepcopy(obj))  # the manifest as written passes
     mutate(obj)
-    with pytest.raises((InvalidManifest, kubernetes_validate.ValidationError)) as error:
+    with pytest.raises((InvalidManifest, kubernetes_validate.ValidationError, jsonschema.ValidationError)) as error:
         validate(obj)
     assert field in str(error.value)
 
@@ -214,12 +229,52 @@ def test_every_kustomization_renders_valid_objects(kubectl, directory):
         validate(obj)
 
 
-def test_the_ascend310_overlay_asks_for_an_ascend310_npu(kubectl):
-    (runtime,) = kustomize(kubectl, MANIFESTS / "overlays" / "ascend310")
-    limits = runtime["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["huawei.com/Ascend310"] == "1"
-    assert "huawei.com/Ascend910" not in limits
-    assert the(RUNTIME, "ClusterServingRuntime")["spec"]["containers"][0]["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+# Per chip overlay: the extended resource Ascend's device plugin advertises the NPUs as, and the
+# values its node.kubernetes.io/npu.chip.name label takes (the Name of `npu-smi info`), as Ascend's
+# MindCluster documentation lists them: resources in "Preparation of Job YAML Files"
+# (hiascend.com/document/detail/zh/mindcluster/600/clustersched/usage/schedulingug/mxdlug_scheduling_049.html:
+# Atlas 800I A2 huawei.com/Ascend910, Atlas 300I huawei.com/Ascend310, Atlas inference series
+# huawei.com/Ascend310P), the label in "K8s原生对象说明" (.../mindcluster/60rc3/clustersched/reference/api/dlug_api_039.html).
+# And the image tag docker/kserve.Dockerfile is built as for that chip's CANN image (the base's is 910B).
+CHIP_LABEL = "node.kubernetes.io/npu.chip.name"
+CHIPS = {
+    "ascend910": ("huawei.com/Ascend910", r"910(A|ProA|ProB|PremiumA)", "kserve-ascend:0.1.0-910"),
+    "ascend910b": ("huawei.com/Ascend910", r"910B[1-4]", "kserve-ascend:0.1.0"),
+    "ascend310": ("huawei.com/Ascend310", r"310", "kserve-ascend:0.1.0-310"),
+    "ascend310p": ("huawei.com/Ascend310P", r"310P[1-4]", "kserve-ascend:0.1.0-310p"),
+}
+
+
+def leaves(node, path: tuple = ()) -> dict[tuple, object]:
+    """Every scalar of a parsed object by its path."""
+    if isinstance(node, dict):
+        return {k: v for key, value in node.items() for k, v in leaves(value, (*path, key)).items()}
+    if isinstance(node, list):
+        return {k: v for i, value in enumerate(node) for k, v in leaves(value, (*path, i)).items()}
+    return {path: node}
+
+
+def test_there_is_an_overlay_per_chip():
+    assert {path.name for path in (MANIFESTS / "overlays").iterdir()} == set(CHIPS)
+
+
+@pytest.mark.parametrize("overlay", sorted(CHIPS))
+def test_a_chip_overlay_changes_exactly_the_npu_resource_the_node_selector_and_the_image(kubectl, overlay):
+    resource, chip, image = CHIPS[overlay]
+    (base,) = kustomize(kubectl, MANIFESTS / "base")
+    (runtime,) = kustomize(kubectl, MANIFESTS / "overlays" / overlay)
+    (container,) = runtime["spec"]["containers"]
+    assert container["resources"]["limits"][resource] == "1"
+    assert [name for name in container["resources"]["limits"] if name.startswith("huawei.com/")] == [resource]
+    (label,) = runtime["spec"]["nodeSelector"].items()
+    assert label[0] == CHIP_LABEL and re.fullmatch(chip, label[1]), label
+    assert container["image"] == image
+    before, after = leaves(base), leaves(runtime)
+    changed = {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
+    limits = ("spec", "containers", 0, "resources", "limits")
+    assert changed <= {(*limits, "huawei.com/Ascend910"), (*limits, resource), ("spec", "nodeSelector", CHIP_LABEL),
+                       ("spec", "containers", 0, "image")}, changed
+    assert ("spec", "nodeSelector", CHIP_LABEL) in changed
 
 
 def test_the_monitoring_kustomization_ships_the_dashboard_and_the_scrape_job(kubectl):
@@ -278,8 +333,9 @@ def test_the_runtime_args_are_the_servers_flags():
     assert args.model_dir == "/mnt/models"  # where KServe's storage initializer puts storageUri
     assert args.http_port == 8080  # the port KServe and Knative route to when the runtime declares none
     for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["port"] == args.http_port
-    assert int(runtime["spec"]["annotations"]["prometheus.kserve.io/port"]) == args.metrics_port
+        assert probe_action(container[probe])["port"] == args.http_port
+    # The port Prometheus scrapes (the runtime's pod annotations; test_prometheus.py runs the scrape).
+    assert int(runtime["spec"]["annotations"]["prometheus.io/port"]) == args.metrics_port
     # Knative's queue-proxy shares the pod's network and listens on these.
     assert not {args.http_port, args.grpc_port, args.metrics_port} & {8012, 8013, 8022, 9090, 9091}
 
@@ -325,11 +381,26 @@ def runtime_ports(tmp_path_factory) -> dict[int, int]:
     stop_server(server)
 
 
+def probe_action(probe: dict) -> dict:
+    """The probe's httpGet or tcpSocket action (the kinds these manifests use)."""
+    (action,) = [probe[kind] for kind in ("httpGet", "tcpSocket") if kind in probe]
+    return action
+
+
+def passes(probe: dict, port: int) -> bool:
+    """Whether the kubelet would count `probe` a success against 127.0.0.1:`port`: an HTTP answer
+    from 200 to 399, or a TCP connection accepted."""
+    if "tcpSocket" in probe:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            return True
+    response = requests.get(f"http://127.0.0.1:{port}{probe['httpGet']['path']}", timeout=5)
+    return 200 <= response.status_code < 400
+
+
 @pytest.mark.parametrize("probe", ["livenessProbe", "readinessProbe"])
 def test_the_running_runtime_answers_its_probes(runtime_ports, probe):
-    get = runtime_container()[probe]["httpGet"]
-    response = requests.get(f"http://127.0.0.1:{runtime_ports[get['port']]}{get['path']}", timeout=5)
-    assert response.status_code == 200, response.text
+    probe = runtime_container()[probe]
+    assert passes(probe, runtime_ports[probe_action(probe)["port"]])
 
 
 def scrape(port: int, path: str) -> dict[str, set[str]]:
@@ -348,40 +419,22 @@ def scrape(port: int, path: str) -> dict[str, set[str]]:
 
 def runtime_metrics(port_of: dict[int, int]) -> dict[str, set[str]]:
     annotations = the(RUNTIME, "ClusterServingRuntime")["spec"]["annotations"]
-    port = port_of[int(annotations["prometheus.kserve.io/port"])]
-    return scrape(port, annotations["prometheus.kserve.io/path"])
+    return scrape(port_of[int(annotations["prometheus.io/port"])], annotations["prometheus.io/path"])
 
 
 def test_the_running_runtime_serves_metrics_where_its_annotations_say(runtime_ports):
     assert "nv_inference_request_success" in runtime_metrics(runtime_ports)
 
 
-# --- The dashboard and the scrape job ----------------------------------------------------
+# --- The dashboard (its queries run in the real Prometheus: test_prometheus.py) ----------
 
-_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
-
-
-def selectors(expr: str) -> list[tuple[str, list[str]]]:
-    """(metric name, label names it matches on) of every vector selector of a PromQL expression."""
-    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range durations, [$__rate_interval]
-    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)  # label lists name no metric
-    found = []
-    for match in re.finditer(r"(?<![\w:.$])([a-zA-Z_:][\w:]*)\s*(\{[^}]*\})?", expr):
-        name, labels = match[1], match[2] or ""
-        if name in _PROMQL_WORDS or expr[match.end():].lstrip().startswith("("):
-            continue  # a keyword or a function
-        found.append((name, re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", labels)))
-    return found
+# Grafana's own variables, which a dashboard uses without defining them.
+GRAFANA_VARIABLES = {"__rate_interval", "__interval", "__range"}
 
 
 def dashboard_queries() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
-    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] == "query":
-            query = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", variable["query"]["query"])
-            queries.append(f"{query[1]}{{{query[2]}!=\"\"}}")  # the same metric and label, as a selector
-    return queries
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
 
 
 def test_the_dashboard_has_qps_p99_batch_sizes_queue_depth_and_npu_utilization():
@@ -392,68 +445,42 @@ def test_the_dashboard_has_qps_p99_batch_sizes_queue_depth_and_npu_utilization()
         assert metric in queries
 
 
-def test_the_dashboard_reads_only_metrics_and_labels_the_server_exposes(runtime_ports):
-    exposed = runtime_metrics(runtime_ports)
-    for query in dashboard_queries():
-        found = selectors(query)
-        assert found, query
-        for name, labels in found:
-            assert name in exposed, f"{name} (in {query}) is not exposed; exposed: {sorted(exposed)}"
-            assert set(labels) <= exposed[name], f"{name} has no label {set(labels) - exposed[name]} (in {query})"
+def test_the_dashboards_ab_row_sets_request_rate_p99_and_failure_rate_per_revision_and_version_side_by_side():
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    (row,) = [i for i, panel in enumerate(panels) if panel["type"] == "row" and panel["title"].startswith("A/B")]
+    ab = panels[row + 1:row + 4]
+    assert [panel["title"] for panel in ab] == ["Request rate per version", "P99 latency per version", "Failure rate per version"]
+    assert len({panel["gridPos"]["y"] for panel in ab}) == 1  # one line
+    for panel, metric in zip(ab, ("nv_inference_request_success", "inference_latency_seconds_bucket", "nv_inference_request_failure")):
+        (target,) = panel["targets"]
+        assert metric in target["expr"]
+        assert re.search(r"sum by \((le, )?revision, model, version\)", target["expr"]), target["expr"]
+        assert 'revision=~"$revision"' in target["expr"]
+    assert "histogram_quantile(0.99," in ab[1]["targets"][0]["expr"]
+    assert "revision" in {variable["name"] for variable in dashboard["templating"]["list"]}
 
 
-def test_promql_selectors_are_found_without_functions_keywords_or_grouping_labels():
-    expr = 'histogram_quantile(0.99, sum by (le, model) (rate(a_bucket{model=~"$m", version!="1"}[5m]))) / on(model) b'
-    assert selectors(expr) == [("a_bucket", ["model", "version"]), ("b", [])]
-
-
-def relabel(target: dict[str, str], rules: list[dict]) -> dict[str, str] | None:
-    """Prometheus' relabelling of one discovered target by the `keep` and `replace` actions (None: dropped)."""
-    labels = dict(target)
-    for rule in rules:
-        value = rule.get("separator", ";").join(labels.get(name, "") for name in rule.get("source_labels", []))
-        match = re.fullmatch(rule.get("regex", "(.*)"), value)  # Prometheus anchors the regex at both ends
-        action = rule.get("action", "replace")
-        assert action in ("keep", "replace"), f"relabel action {action} is not simulated here"
-        if action == "keep" and not match:
-            return None
-        if action == "replace" and match:
-            labels[rule["target_label"]] = match.expand(re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", rule.get("replacement", "$1")))
-    return labels
-
-
-def discovered(pod_ip: str, annotations: dict[str, str], ports: list[int]) -> list[dict[str, str]]:
-    """The targets Prometheus' pod discovery yields for a pod: one per declared container port."""
-    meta = {"__meta_kubernetes_namespace": "ns", "__meta_kubernetes_pod_name": "pod-0"}
-    meta |= {f"__meta_kubernetes_pod_annotation_{re.sub(r'[^a-zA-Z0-9_]', '_', k)}": v for k, v in annotations.items()}
-    return [{"__address__": f"{pod_ip}:{port}", **meta} for port in ports]
-
-
-def scraped(pod_ip: str, annotations: dict[str, str], ports: list[int]) -> set[tuple[str, str]]:
-    (job,) = yaml.safe_load(SCRAPE_CONFIG.read_text())
-    kept = [relabel(t, job["relabel_configs"]) for t in discovered(pod_ip, annotations, ports)]
-    return {(t["__address__"], t.get("__metrics_path__", "/metrics")) for t in kept if t is not None}
-
-
-def test_the_scrape_job_finds_the_triton_pods_metrics():
-    template = the(TRITON / "deployment.yaml", "Deployment")["spec"]["template"]
-    (container,) = template["spec"]["containers"]
-    ports = [port["containerPort"] for port in container["ports"]]
-    annotations = template["metadata"]["annotations"]
-    assert scraped("10.0.0.7", annotations, ports) == {(f"10.0.0.7:{annotations['prometheus.io/port']}", "/metrics")}
-    assert annotations["prometheus.io/port"] == "8002"
-    assert scraped("10.0.0.7", {}, ports) == set()  # pods that do not ask are left alone
-
-
-def test_the_scrape_job_finds_an_inference_services_metrics():
-    # With serving.kserve.io/enable-prometheus-scraping, KServe annotates the pod with the runtime's port and path.
-    runtime = the(RUNTIME, "ClusterServingRuntime")["spec"]["annotations"]
-    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": runtime["prometheus.kserve.io/port"],
-                   "prometheus.io/path": runtime["prometheus.kserve.io/path"]}
-    isvc = the(MANIFESTS / "examples" / "inferenceservice-yolov8n.yaml", "InferenceService")
-    assert isvc["metadata"]["annotations"]["serving.kserve.io/enable-prometheus-scraping"] == "true"
-    # Knative declares the serving port 8080 on the user container, the queue-proxy its own.
-    assert scraped("10.0.0.8", annotations, [8080, 8012, 9090, 9091]) == {("10.0.0.8:8082", "/metrics")}
+def test_the_dashboard_is_laid_out_and_wired_as_grafana_reads_it():
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({panel["id"] for panel in panels}) == len(panels)
+    cells = {}
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["w"] > 0 and grid["x"] + grid["w"] <= 24, panel["title"]  # Grafana's 24 columns
+        for cell in ((x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])):
+            assert cell not in cells, f"{panel['title']} overlaps {cells[cell]}"
+            cells[cell] = panel["title"]
+    defined = {variable["name"] for variable in dashboard["templating"]["list"]} | GRAFANA_VARIABLES
+    for panel in (panel for panel in panels if panel["type"] != "row"):
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        refs = [target["refId"] for target in panel["targets"]]
+        assert len(set(refs)) == len(refs), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"]
+            used = set(re.findall(r"\$\{?(\w+)", target["expr"]))
+            assert used <= defined, f"{panel['title']}: undefined {used - defined}"
 
 
 # --- The Triton variant ---------------------------------------------------------------------
@@ -559,6 +586,152 @@ def test_the_running_triton_serves_metrics_where_its_annotations_say(triton_port
     annotations = the(TRITON / "deployment.yaml", "Deployment")["spec"]["template"]["metadata"]["annotations"]
     metrics = scrape(triton_ports[int(annotations["prometheus.io/port"])], annotations["prometheus.io/path"])
     assert "nv_inference_request_success" in metrics
+
+
+# --- Pod security, rollouts and deployment modes -------------------------------------------
+
+
+def pod_specs(obj: dict) -> list[tuple[str, dict]]:
+    """(where, mapping) of every pod spec in an object, at any depth: each mapping that holds a
+    `containers` list (a Deployment's spec.template.spec, a ServingRuntime's spec, ...)."""
+    found = []
+
+    def walk(node, where: str) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("containers"), list):
+                found.append((where, node))
+            for key, value in node.items():
+                walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{where}[{i}]")
+
+    walk(obj, obj["kind"])
+    return found
+
+
+def effective_security(pod: dict, container: dict) -> dict:
+    """A container's securityContext with the pod's fields it inherits (Kubernetes: the container's win)."""
+    inherited = {key: value for key, value in pod.get("securityContext", {}).items()
+                 if key in ("runAsNonRoot", "runAsUser", "runAsGroup", "seccompProfile")}
+    return inherited | container.get("securityContext", {})
+
+
+def restricted_violations(pod: dict) -> list[str]:
+    """What Pod Security's `restricted` profile refuses in a pod spec, container by container
+    (kubernetes.io/docs/concepts/security/pod-security-standards: non-root, no privilege
+    escalation, all capabilities dropped but NET_BIND_SERVICE, a RuntimeDefault or Localhost
+    seccomp profile; baseline's no privileged containers)."""
+    problems = []
+    for container in pod.get("initContainers", []) + pod["containers"]:
+        context, name = effective_security(pod, container), container["name"]
+        if context.get("runAsNonRoot") is not True or context.get("runAsUser") == 0:
+            problems.append(f"{name}: not runAsNonRoot")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation is not false")
+        if context.get("privileged"):
+            problems.append(f"{name}: privileged")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []) or set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: capabilities not dropped")
+        if context.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: no RuntimeDefault seccomp profile")
+    return problems
+
+
+POD_FILES = [path for path in OBJECT_FILES if any(pod_specs(obj) for obj in documents(path))]
+
+
+def test_the_pod_manifests_include_the_runtimes_and_the_triton_deployment():
+    assert {RUNTIME, NAMESPACED_RUNTIME, TRITON / "deployment.yaml"} <= set(POD_FILES)
+
+
+@pytest.mark.parametrize("path", POD_FILES, ids=relative)
+def test_every_container_is_allowed_by_pod_security_restricted(path):
+    for obj in documents(path):
+        for where, pod in pod_specs(obj):
+            assert restricted_violations(pod) == [], f"{relative(path)}: {where}"
+
+
+REMOVALS = {
+    "the runtime's whole securityContext": (RUNTIME, lambda o: o["spec"]["containers"][0].pop("securityContext")),
+    "the runtime's runAsNonRoot": (RUNTIME, lambda o: o["spec"]["containers"][0]["securityContext"].pop("runAsNonRoot")),
+    "the runtime's allowPrivilegeEscalation": (RUNTIME, lambda o: o["spec"]["containers"][0]["securityContext"].pop("allowPrivilegeEscalation")),
+    "the runtime's capabilities": (RUNTIME, lambda o: o["spec"]["containers"][0]["securityContext"].pop("capabilities")),
+    "the runtime's seccompProfile": (RUNTIME, lambda o: o["spec"]["containers"][0]["securityContext"].pop("seccompProfile")),
+    # The Triton containers inherit runAsNonRoot and the seccomp profile from the pod.
+    "the Triton pod's securityContext": (TRITON / "deployment.yaml", lambda o: o["spec"]["template"]["spec"].pop("securityContext")),
+    "the initializer's securityContext": (TRITON / "deployment.yaml", lambda o: o["spec"]["template"]["spec"]["initContainers"][0].pop("securityContext")),
+}
+
+
+@pytest.mark.parametrize("case", REMOVALS)
+def test_the_check_refuses_a_container_without_each_setting(case):
+    path, remove = REMOVALS[case]
+    (obj,) = documents(path)
+    remove(obj)
+    assert any(restricted_violations(pod) for _, pod in pod_specs(obj))
+
+
+def expanded(dockerfile: Path) -> list[tuple[str, str]]:
+    """instructions() with each ${NAME} replaced by its ARG's default (a build without --build-arg)."""
+    defaults, steps = {}, []
+    for instruction, arguments in instructions(dockerfile):
+        arguments = re.sub(r"\$\{(\w+)\}", lambda m: defaults.get(m[1], m[0]), arguments)
+        if instruction == "ARG" and "=" in arguments:
+            name, _, value = arguments.partition("=")
+            defaults[name] = value
+        steps.append((instruction, arguments))
+    return steps
+
+
+def image_user(dockerfile: Path) -> tuple[int, int]:
+    """(uid, gid) of the image's last USER: numeric, so that the kubelet can check runAsNonRoot
+    without the image's /etc/passwd."""
+    (*_, user) = [arguments for instruction, arguments in expanded(dockerfile) if instruction == "USER"]
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and gid.isdigit(), user
+    return int(uid), int(gid)
+
+
+def test_the_project_images_run_as_their_images_user_in_every_manifest():
+    users = {built_as(dockerfile): image_user(dockerfile) for dockerfile in DOCKERFILES}
+    checked = 0
+    for path in POD_FILES:
+        for obj in documents(path):
+            for where, pod in pod_specs(obj):
+                for container in pod.get("initContainers", []) + pod["containers"]:
+                    image = container["image"].partition(":")[0]
+                    tags = [tag for tag in users if tag.partition(":")[0] == image]
+                    if tags:
+                        context = effective_security(pod, container)
+                        assert (context.get("runAsUser"), context.get("runAsGroup")) == users[tags[0]], f"{relative(path)}: {where}"
+                        checked += 1
+    assert checked >= 3  # the two runtimes and the Triton server
+
+
+def test_a_triton_rollout_needs_no_spare_npu():
+    # One NPU per pod and often none free: a rollout must stop an old pod before it starts a new one.
+    deployment = the(TRITON / "deployment.yaml", "Deployment")
+    assert triton_container()["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+    strategy = deployment["spec"]["strategy"]
+    if strategy["type"] != "Recreate":
+        assert strategy["rollingUpdate"]["maxSurge"] in (0, "0%")
+        assert strategy["rollingUpdate"]["maxUnavailable"] not in (0, "0%")
+
+
+# Knative's: canary traffic splitting across revisions, the KPA's concurrency and rps metrics.
+KNATIVE_MODES = {"Serverless", "Knative"}  # "Serverless" up to KServe 0.15, read as "Knative" by 0.16+
+
+
+@pytest.mark.parametrize("path", sorted(p for p in OBJECT_FILES if any(o["kind"] == "InferenceService" for o in documents(p))), ids=relative)
+def test_features_of_knative_mode_pin_it(path):
+    # Neither works in raw mode, which a cluster may default to (inferenceservice-config's
+    # deploy.defaultDeploymentMode; KServe's code falls back to Standard since 0.16 where it is unset).
+    for isvc in (o for o in documents(path) if o["kind"] == "InferenceService"):
+        predictor = isvc["spec"]["predictor"]
+        if "canaryTrafficPercent" in predictor or predictor.get("scaleMetric") in ("concurrency", "rps"):
+            assert isvc["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode") in KNATIVE_MODES
 
 
 # --- The Dockerfiles ------------------------------------------------------------------------
@@ -676,3 +849,44 @@ def test_the_triton_image_adds_the_triton_launcher_to_the_kserve_image():
     container = triton_container()
     assert "command" not in container
     assert container["image"] == built_as(dockerfile)
+
+
+def test_the_images_create_their_user_before_switching_to_it():
+    uid, gid = image_user(DOCKER / "kserve.Dockerfile")
+    steps = expanded(DOCKER / "kserve.Dockerfile")
+    (created,) = [i for i, (instruction, arguments) in enumerate(steps) if instruction == "RUN" and "useradd" in arguments]
+    run = steps[created][1]
+    assert re.search(rf"groupadd -g {gid} HwHiAiUser\b", run) and re.search(rf"useradd -u {uid} -g HwHiAiUser .*-m\b", run)
+    assert [i for i, (instruction, _) in enumerate(steps) if instruction == "USER"][-1] > created
+    # The Triton image installs as root on the kserve image, then runs as the same user again.
+    assert image_user(DOCKER / "triton.Dockerfile") == (uid, gid)
+
+
+def test_the_triton_image_gives_its_user_the_one_directory_the_server_writes():
+    # run_triton.py assembles the backends on every start in its default --backend-directory.
+    launcher = run_triton_module()
+    default = Path(launcher.parse_args([]).backend_directory).relative_to(ROOT)
+    dockerfile = DOCKER / "triton.Dockerfile"
+    _, script = entrypoint(dockerfile)
+    image_root = posixpath.dirname(posixpath.dirname(script))  # <root>/tools/run_triton.py
+    uid, gid = image_user(dockerfile)
+    workdir, owned = "/", set()
+    for instruction, arguments in expanded(dockerfile):
+        if instruction == "WORKDIR":
+            workdir = posixpath.join(workdir, arguments)
+        elif instruction == "RUN" and (found := re.search(rf"install -d -o {uid} -g {gid} (\S+)", arguments)):
+            owned.add(posixpath.join(workdir, found[1]))
+    assert posixpath.join(image_root, str(default)) in owned
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=relative)
+def test_every_copied_file_is_readable_by_the_images_user(dockerfile):
+    # COPY keeps the build context's modes and makes root the owner: "others" must read (and enter).
+    patterns = ignore_patterns(dockerfile)
+    for source in (source for sources, _ in copies(dockerfile) for source in sources):
+        for path in [ROOT / source, *(ROOT / source).rglob("*")]:
+            if ignored(str(path.relative_to(ROOT)), patterns):
+                continue
+            needed = 0o005 if path.is_dir() else 0o004
+            assert path.stat().st_mode & needed == needed, f"{relative(path)} is not readable by others"
+

@@ -188,7 +188,8 @@ def bearer(token: str) -> dict:
 
 @pytest.mark.parametrize(
     "path",
-    ["/v2/health/live", "/v2/health/ready", "/v2/models/simple/ready", "/v2/models/simple/versions/1/ready", "/", "/v1/models/simple"],
+    ["/v2/health/live", "/v2/health/ready", "/health", "/ready", "/v2/models/simple/ready", "/v2/models/simple/versions/1/ready", "/",
+     "/v1/models/simple"],
 )
 def test_probes_need_no_token(auth_server, path):
     server, _ = auth_server

@@ -1,18 +1,26 @@
 """Runs real Triton Inference Server (the one the nvidia-pytriton wheel bundles) with the `ascend` backend.
 
-    python tools/run_triton.py [--model-repository model_repository] [--http-port 8000]
-                               [--grpc-port 8001] [--metrics-port 8002] [-- TRITON_ARGS...]
+    python tools/run_triton.py [--model-repository model_repository] [--backend-directory DIR]
+                               [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [-- TRITON_ARGS...]
+    python tools/run_triton.py --install /opt/tritonserver
+    /opt/tritonserver/bin/tritonserver TRITON_ARGS...
 
-Assembles a backend directory from the wheel's python backend (libtriton_python.so, the
-stub for this Python, triton_python_backend_utils.py) and `triton_backend/ascend`, then
-execs `tritonserver` with the library path and PATH the stub needs. Triton itself is
-used as shipped: it is the reference implementation of the protocol.
+The first assembles a backend directory from the wheel's python backend (libtriton_python.so,
+the stub for this Python, triton_python_backend_utils.py) and `triton_backend/ascend`, then
+execs `tritonserver` with the library path and PATH the stub needs. Triton itself is used as
+shipped: it is the reference implementation of the protocol.
+
+`--install PREFIX` lays Triton out as NVIDIA's images do, for whatever starts `tritonserver`
+itself (Seldon Core 2's triton ServerConfig): the backends in PREFIX/backends, Triton's default
+--backend-directory when PREFIX is /opt/tritonserver, and PREFIX/bin/tritonserver, which execs
+the wheel's tritonserver with its arguments unchanged, in the same environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -33,7 +41,7 @@ def assemble_backends(target: Path) -> Path:
     """`<target>/python` from the wheel and `<target>/ascend` from triton_backend/ascend.
 
     Copies, not symlinks: Triton refuses a backend library whose real path escapes the
-    backend directory. Copied afresh on every start, so edits to model.py take effect.
+    backend directory. The default mode copies afresh on every start, so edits to model.py take effect.
     """
     server, _ = pytriton_paths()
     python, ascend = target / "python", target / "ascend"
@@ -53,8 +61,32 @@ def assemble_backends(target: Path) -> Path:
     return target
 
 
+def install(prefix: Path) -> Path:
+    """PREFIX/backends, and PREFIX/bin/tritonserver: this script's pass-through mode, run by this Python."""
+    backends = assemble_backends(prefix / "backends")
+    wrapper = prefix / "bin" / "tritonserver"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    run = [sys.executable, str(Path(__file__).resolve()), "--pass-through", f"--backend-directory={backends}", "--"]
+    wrapper.write_text(f"#!/bin/sh\n# Written by tools/run_triton.py --install.\nexec {shlex.join(run)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def environment() -> dict[str, str]:
+    """The stub runs the first Python on PATH (ours, with kserve_ascend installed) and needs libcudart from the wheel."""
+    _, libs = pytriton_paths()
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
 def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
-    server, libs = pytriton_paths()
+    server, _ = pytriton_paths()
+    if args.pass_through:
+        # The caller's flags after ours: Triton takes the last of a repeated flag
+        # (triton-inference-server/server src/command_line_parser.cc), so theirs win.
+        return [str(server / "bin" / "tritonserver"), f"--backend-directory={args.backend_directory}", *args.triton_args], environment()
     backends = assemble_backends(Path(args.backend_directory).resolve())
     argv = [
         str(server / "bin" / "tritonserver"),
@@ -65,11 +97,7 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         f"--metrics-port={args.metrics_port}",
         *args.triton_args,
     ]
-    env = dict(os.environ)
-    # The stub runs the first Python on PATH (ours, with kserve_ascend installed) and needs libcudart from the wheel.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
-    return argv, env
+    return argv, environment()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,12 +107,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--install", metavar="PREFIX", type=Path, help="lay out PREFIX/backends and PREFIX/bin/tritonserver, then exit")
+    parser.add_argument("--pass-through", action="store_true",
+                        help="run tritonserver with only --backend-directory and the flags after --, the backends as they are")
     parser.add_argument("triton_args", nargs="*", help="further tritonserver flags, after --")
     return parser.parse_args(argv)
 
 
 def main() -> None:
-    argv, env = command(parse_args())
+    args = parse_args()
+    if args.install:
+        print(install(args.install.resolve()))
+        return
+    argv, env = command(args)
     os.execve(argv[0], argv, env)
 
 

@@ -30,8 +30,9 @@ from starlette.websockets import WebSocketClose
 
 log = logging.getLogger(__name__)
 
-#: Probes, open to anyone: OIP health, model readiness, and KServe's V1 liveness and model readiness.
-_OPEN_PATHS = re.compile(r"/v2/health/(live|ready)|/v2/models/[^/]+(/versions/[^/]+)?/ready|/|/v1/models/[^/:]+")
+#: Probes, open to anyone: OIP health (and its /health, /ready aliases), model readiness, and KServe's V1
+#: liveness and model readiness.
+_OPEN_PATHS = re.compile(r"/v2/health/(live|ready)|/health|/ready|/v2/models/[^/]+(/versions/[^/]+)?/ready|/|/v1/models/[^/:]+")
 _SERVICE = "/inference.GRPCInferenceService/"
 _OPEN_RPCS = frozenset(_SERVICE + rpc for rpc in ("ServerLive", "ServerReady", "ModelReady"))
 

@@ -182,6 +182,9 @@ class RestEndpoints:
             ("/v2", self.server_metadata, "GET"),
             ("/v2/health/live", self.live, "GET"),
             ("/v2/health/ready", self.ready, "GET"),
+            # The probe paths of MindIE's deployment guide (manifests/mindie), answered as the two above.
+            ("/health", self.live, "GET"),
+            ("/ready", self.ready, "GET"),
             ("/v2/repository/index", self.repository_index, "POST"),
             ("/v2/repository/models/{model_name}/load", self.load_model, "POST"),
             ("/v2/repository/models/{model_name}/unload", self.unload_model, "POST"),
