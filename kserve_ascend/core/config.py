@@ -129,7 +129,11 @@ def normalized(config: mc.ModelConfig) -> mc.ModelConfig:
         config.version_policy.latest.num_versions = 1
     if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size and config.max_batch_size > 0:
         config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
-    if not config.instance_group:
+    if config.platform == "ensemble":
+        # No instance of its own, so no instance_group; Triton's ensemble validation writes whether it is
+        # decoupled (core's ensemble_utils.cc).
+        config.model_transaction_policy.SetInParent()
+    elif not config.instance_group:
         config.instance_group.add(name=config.name)
     for index, group in enumerate(config.instance_group):
         group.name = group.name or f"{config.name}_{index}"
@@ -148,6 +152,9 @@ def config_json(config: mc.ModelConfig) -> dict:
     """
     config = normalized(config)
     as_dict = json_format.MessageToDict(config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    if "ensemble_scheduling" in as_dict and not config.ensemble_scheduling.max_inflight_requests:
+        # Newer than Triton 2.51's ModelConfig (tritonclient's protobuf has it): written only when set.
+        del as_dict["ensemble_scheduling"]["max_inflight_requests"]
     return _int64_as_numbers(config, as_dict)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from . import config as cfg
-from . import classification, sequence, tracing, warmup
+from . import classification, ensemble, sequence, tracing, warmup
 from .batching import BatchQueue, Scheduler
 from .errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady
 from .instance import Instance, InstanceThread, complete_config
@@ -39,6 +39,9 @@ class State(str, enum.Enum):
 class ModelVersion:
     """One loaded version of a model: its instances fed by one batch queue (or, for a model with
     `sequence_batching`, by the sequence batcher)."""
+
+    #: What the version waits for before it can serve ("": nothing; an ensemble's: a step model not ready).
+    waiting_for = ""
 
     def __init__(
         self,
@@ -311,9 +314,11 @@ class Model:
     the caller, who retires them (drains, then releases their devices).
     """
 
-    def __init__(self, name: str, model_dir: Path):
+    def __init__(self, name: str, model_dir: Path, models: Callable[[str], "Model"] | None = None):
         self.name = name
         self.model_dir = model_dir
+        #: The repository's models by name, for an ensemble's steps.
+        self.models = models
         self.config = mc.ModelConfig(name=name)
         self.versions: dict[int, ModelVersion] = {}
         self.weights: dict[int, float] = {}
@@ -325,7 +330,12 @@ class Model:
 
     @property
     def ready(self) -> bool:
-        return self.state is State.READY
+        return self.state is State.READY and not self.waiting_for
+
+    @property
+    def waiting_for(self) -> str:
+        """What a served version waits for (an ensemble: a step model not ready), "" when nothing."""
+        return next((reason for v in list(self.versions.values()) if (reason := v.waiting_for)), "")
 
     def load(self, override: mc.ModelConfig | None = None) -> list[ModelVersion]:
         """Serves what the directory (or `override`, a config to use instead of config.pbtxt) describes.
@@ -352,7 +362,7 @@ class Model:
                 if current is not None and current.healthy and current.unchanged(source, self.model_dir):
                     served[version] = current
                 else:
-                    served[version] = loaded[version] = ModelVersion.load(mc.ModelConfig.FromString(source), self.model_dir, version)
+                    served[version] = loaded[version] = self._load_version(mc.ModelConfig.FromString(source), version)
         except Exception as error:  # any failure of a broken model is its reason, never a crash
             for version in loaded.values():
                 version.close()
@@ -374,6 +384,13 @@ class Model:
             log.info("model '%s' is READY with versions %s (loaded %s)", self.name, sorted(served), sorted(loaded))
         return retired
 
+    def _load_version(self, config: mc.ModelConfig, version: int) -> ModelVersion:
+        if ensemble.is_ensemble(config):
+            if self.models is None:
+                raise ModelLoadError("an ensemble is served from a repository, which runs its steps")
+            return ensemble.EnsembleVersion.load(config, self.model_dir, version, self.models)
+        return ModelVersion.load(config, self.model_dir, version)
+
     def _unavailable(self, version: ModelVersion, reason: str) -> None:
         """A served version has no instance left in rotation: the model is not ready until reloaded."""
         if self.versions.get(version.version) is version:
@@ -391,7 +408,7 @@ class Model:
         """The version a request names; else one chosen by `version_weights`, else the latest."""
         number = cfg.parse_version(version)  # as Triton: a version string that is no number is refused first
         if not self.ready:
-            raise ModelNotReady(f"model '{self.name}' is not ready: {self.reason}")
+            raise ModelNotReady(f"model '{self.name}' is not ready: {self.reason or self.waiting_for}")
         versions = self.versions
         if number is None:
             candidates = [v for v in self.weights if v in versions and self.weights[v]]

@@ -5,6 +5,9 @@
 
 Loads and unloads run one at a time per model. A version taken out of service is retired
 after the switch: requests already holding it finish there, new ones go to the new set.
+As in Triton, loading an ensemble first loads the models its steps run that are not loaded;
+an ensemble is loaded again (checked against its steps anew) when one of them is, and unloaded
+with it when one of them is unloaded, to come back when that one is loaded again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from typing import AsyncIterator
 import watchfiles
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import InvalidInput, ModelNotFound
+from . import config as cfg
+from . import ensemble
+from .errors import AscendError, InvalidInput, ModelNotFound
 from .model import Model, ModelVersion, file_stamp
 
 log = logging.getLogger(__name__)
@@ -34,8 +39,12 @@ class Repository:
         self.root = Path(root)
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository {self.root} is not a directory")
-        self.models: dict[str, Model] = {name: Model(name, path) for name, path in self._directories().items()}
+        self.models: dict[str, Model] = {name: Model(name, path, self.get) for name, path in self._directories().items()}
         self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        #: ensemble -> the models its steps run, as its config said when last loaded
+        self._steps: dict[str, list[str]] = {}
+        #: ensembles unloaded because a step model was: loaded again with it
+        self._held: set[str] = set()
 
     def _directories(self) -> dict[str, Path]:
         return {
@@ -94,24 +103,61 @@ class Repository:
             self.check_name(name)
             if not (self.root / name).is_dir():  # before a lock is made for the name
                 raise ModelNotFound(f"Request for unknown model: '{name}' has no directory in the repository")
+        await self._load(name, override, {name})
+
+    async def _load(self, name: str, override: mc.ModelConfig | None, visiting: set[str]) -> None:
+        """Loads `name` after the step models it needs, then reloads the ensembles that run it."""
+        self._held.discard(name)
+        steps = self._steps[name] = await asyncio.to_thread(_step_models, self.root / name, override)
+        for step in steps:
+            model = self.models.get(step)
+            if step not in visiting and (model is None or not model.requested) and (self.root / step).is_dir():
+                visiting.add(step)
+                try:
+                    await self._load(step, None, visiting)
+                except AscendError as error:  # the ensemble's load says which step failed
+                    log.error("model '%s', a step of ensemble '%s', did not load: %s", step, name, error)
         async with self._locks[name]:
             model = self.models.get(name)
             if model is None:
-                model = self.models[name] = Model(name, self.root / name)
+                model = self.models[name] = Model(name, self.root / name, self.get)
             await _retire(await asyncio.to_thread(model.load, override))
+        for dependent in self._dependents(name):
+            if dependent not in visiting and (self.models[dependent].requested or dependent in self._held):
+                visiting.add(dependent)
+                try:
+                    await self._load(dependent, None, visiting)
+                except AscendError as error:
+                    log.error("ensemble '%s' did not reload after its step '%s' did: %s", dependent, name, error)
 
     async def unload(self, name: str) -> None:
-        """Stops serving a model once the requests it holds are answered."""
+        """Stops serving a model once the requests it holds are answered (and the ensembles that run it)."""
         self.get(name)  # an unknown or invalid name raises before a lock is made for it
+        self._held.discard(name)
         async with self._locks[name]:
             await _retire(self.get(name).unload())
+        await self._unload_dependents(name)
 
     async def remove(self, name: str) -> None:
         """Unloads a model whose directory is gone and drops it from the index."""
+        self._steps.pop(name, None)
+        self._held.discard(name)
         async with self._locks[name]:
             model = self.models.pop(name, None)
             if model is not None:
                 await _retire(model.unload())
+        await self._unload_dependents(name)
+
+    def _dependents(self, name: str) -> list[str]:
+        """The ensembles of the repository whose steps run `name`."""
+        return [e for e, steps in list(self._steps.items()) if name in steps and e != name and e in self.models]
+
+    async def _unload_dependents(self, name: str) -> None:
+        for dependent in self._dependents(name):
+            if self.models[dependent].requested:
+                log.info("ensemble '%s' is unloaded with its step '%s'", dependent, name)
+                await self.unload(dependent)
+                self._held.add(dependent)
 
     async def follow(self, stop: asyncio.Event | None = None) -> AsyncIterator[set[str]]:
         """Poll mode: applies every change of the repository on disk; yields the models it changed.
@@ -155,6 +201,14 @@ class Repository:
                 except FileNotFoundError:
                     continue  # removed while looking
         return stamps
+
+
+def _step_models(model_dir: Path, override: mc.ModelConfig | None) -> list[str]:
+    """The models an ensemble's steps run ([] for another model, or a config that does not parse)."""
+    try:
+        return ensemble.step_models(override if override is not None else cfg.read_config(model_dir))
+    except AscendError:
+        return []  # the model's own load reports it
 
 
 async def _retire(versions: list[ModelVersion]) -> None:
