@@ -28,9 +28,10 @@ from servers import REPOSITORY, start_server, stop_server
 from summary import summarize
 
 from kserve_ascend.core.model import Model
-from kserve_ascend.core.processing import yolo
 
 MODEL = "yolov8n_detect"
+#: The ensemble's steps, in order.
+STEPS = ("yolov8_preprocess", "yolov8n", "yolov8_postprocess")
 RESULTS = Path(__file__).resolve().parent / "results" / "detect.md"
 
 
@@ -48,28 +49,31 @@ def picture(fmt: str, size: tuple[int, int]) -> bytes:
 
 
 def phases(data: bytes, iterations: int) -> dict[str, float]:
-    """Mean milliseconds of each phase of the chain on one instance, after one warm-up run."""
-    model = Model(MODEL, REPOSITORY / MODEL)
-    model.load()
+    """Mean milliseconds of each step of the ensemble on one instance of its model, after one warm-up run."""
+    models = [Model(name, REPOSITORY / name) for name in STEPS]
     try:
-        runtime = model.versions[max(model.versions)].instances[0].runtime
+        for model in models:
+            model.load()
+        pre, detector, post = (m.versions[max(m.versions)].instances[0].runtime for m in models)
         inputs = {"image": np.array([data], dtype=object)}
-        options = yolo.DetectionOptions(score_threshold=0.0001)  # random weights: keep NMS busy with 100 boxes
+        parameters = {"score_threshold": 0.0001}  # random weights: keep NMS busy with 100 boxes
         totals = np.zeros(3)
         for i in range(iterations + 1):
             t0 = time.perf_counter()
-            tensor, frame = runtime.preprocess(inputs)
+            prepared = pre.run(inputs, ["letterboxed", "letterbox"])
             t1 = time.perf_counter()
-            output = runtime.execute(tensor)
+            output = detector.run({"images": prepared["letterboxed"]}, ["output0"])["output0"]
             t2 = time.perf_counter()
-            runtime.postprocess(output, frame, options)
+            found = post.prepare_request({"output0": output, "letterbox": prepared["letterbox"]}, parameters)
+            post.run(found, ["detection_boxes", "detection_scores", "detection_classes", "num_detections"])
             t3 = time.perf_counter()
             if i:
                 totals += (t1 - t0, t2 - t1, t3 - t2)
-        pre, execute, post = totals / iterations * 1000
-        return {"pre_ms": pre, "exec_ms": execute, "post_ms": post}
+        pre_ms, execute, post_ms = totals / iterations * 1000
+        return {"pre_ms": pre_ms, "exec_ms": execute, "post_ms": post_ms}
     finally:
-        model.close()
+        for model in models:
+            model.close()
 
 
 def load(module, url: str, data: bytes, concurrency: int, duration: float) -> dict:

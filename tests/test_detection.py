@@ -1,15 +1,20 @@
-"""YOLOv8 detection end to end on both servers: an image in, detections out (issue 9).
+"""YOLOv8 detection end to end on both servers: an image in, detections out (issue 9), through the
+yolov8n_detect ensemble (pre-processing, the batched detector, post-processing; issue 19).
 
 The shipped weights are random (seeded), so the detections of a real image mean nothing:
 these tests check their structure, the two ways in (image bytes, letterboxed tensor),
-that the KServe server and Triton agree, the V1 protocol and the client errors. The
-decoding itself is checked on known answers in test_processing.py.
+that the KServe server and Triton (its own ensemble scheduler running each step on the
+`ascend` backend) agree, that request parameters reach the post-processing step on both,
+the V1 protocol and the client errors. The decoding itself is checked on known answers in
+test_processing.py, and on a real trained detector in test_detection_reference.py.
 """
 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import io
+import re
 
 import grpc
 import numpy as np
@@ -96,6 +101,28 @@ def test_an_image_gives_the_same_detections_on_both_servers_over_http_and_grpc(t
     check_structure(answers[0], width, height, FEW["max_detections"])
     for answer in answers[1:]:
         assert_same(answer, answers[0])
+
+
+def detector_batches(target) -> dict[int, int]:
+    """The detector's executions by batch size, from the statistics extension."""
+    answer = requests.get(f"{target.url}/v2/models/yolov8n/stats").json()
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in answer["model_stats"][0]["batch_stats"]}
+
+
+def test_concurrent_images_batch_at_the_detector_on_both_servers(targets):
+    """The ensemble's point: pre-processing runs on its own instances while the detector's dynamic
+    batcher gathers the images of concurrent requests into one execution (yolov8n: up to 8)."""
+    images = 16
+    for name, target in targets.items():
+        before = detector_batches(target)
+        with concurrent.futures.ThreadPoolExecutor(images) as pool:
+            answers = list(pool.map(lambda _: detect(grpcclient, target.grpc, [image_input(grpcclient, JPEG)], FEW), range(images)))
+        for answer in answers[1:]:
+            assert_same(answer, answers[0])
+        after = detector_batches(target)
+        grown = {size: count - before.get(size, 0) for size, count in after.items() if count > before.get(size, 0)}
+        assert sum(size * count for size, count in grown.items()) == images, (name, grown)
+        assert max(grown) > 1, f"{name}: the detector ran only batches of {sorted(grown)}"
 
 
 def test_the_letterboxed_tensor_gives_the_image_s_detections_in_tensor_pixels(targets):
@@ -213,14 +240,19 @@ def test_bad_requests_are_client_errors_on_both_servers(targets, case):
 
 
 @pytest.mark.parametrize(
-    "pipeline, reason",
-    [("yolov8", "needs a detector with one input and one output"), ("yolov9", "unknown pipeline 'yolov9'")],
+    "model, old, new, reason",
+    [
+        ("yolov8_preprocess", "max_batch_size: 0", "max_batch_size: 4", "has max_batch_size 0 and declares the output 'letterboxed'"),
+        ("yolov8_preprocess", "dims: [ 1, 3, 640, 640 ] },\n  # width", "dims: [ 3, 640, 640 ] },\n  # width", "FP32 [1, 3, height, width]"),
+        ("yolov8_postprocess", "max_batch_size: 0", "max_batch_size: 8", "max_batch_size must be 0"),
+    ],
 )
-def test_a_pipeline_that_cannot_apply_fails_to_load_with_the_reason(tmp_path, pipeline, reason):
-    model_dir = copy_model("simple", tmp_path)  # two inputs, two outputs: not a detector
+def test_a_processing_model_that_cannot_apply_fails_to_load_with_the_reason(tmp_path, model, old, new, reason):
+    model_dir = copy_model(model, tmp_path)
     config = model_dir / "config.pbtxt"
-    config.write_text(config.read_text() + f'parameters {{ key: "pipeline" value: {{ string_value: "{pipeline}" }} }}\n')
-    model = Model("simple", model_dir)
-    with pytest.raises(ModelLoadError, match=reason):
-        model.load()
-    assert model.state == "UNAVAILABLE" and reason in model.reason
+    assert old in config.read_text()
+    config.write_text(config.read_text().replace(old, new))
+    loaded = Model(model, model_dir)
+    with pytest.raises(ModelLoadError, match=re.escape(reason)):
+        loaded.load()
+    assert loaded.state == "UNAVAILABLE" and reason in loaded.reason

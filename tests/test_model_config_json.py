@@ -62,8 +62,11 @@ def test_rest_config_is_tritons_field_by_field(server, triton, model):
     ours = requests.get(f"{server.url}/v2/models/{model}/config").json()
     theirs = initial_state_dims_as_numbers(requests.get(f"{triton.url}/v2/models/{model}/config").json())
     assert differences(without(ours, TRITON_ONLY), without(theirs, TRITON_ONLY)) == []
-    # Every field Triton writes is compared but those listed, and those are Triton's indeed.
-    assert set(theirs) - set(ours) == {"optimization"} and ours["runtime"] == "" and theirs["runtime"] == "model.py"
+    # Every field Triton writes is compared but those listed, and those are Triton's indeed (an ensemble
+    # runs no backend: Triton writes neither for it).
+    ensemble = theirs["platform"] == "ensemble"
+    assert set(theirs) - set(ours) == (set() if ensemble else {"optimization"})
+    assert ours["runtime"] == "" and theirs["runtime"] == ("" if ensemble else "model.py")
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -83,7 +86,10 @@ def test_fields_at_their_default_read_as_image_client_reads_them(server):
     assert [i["dims"] for i in config["input"]] == [[1], [1, 3, 640, 640]]
     assert mc.ModelInput.Format.Value(config["input"][0]["format"]) == mc.ModelInput.FORMAT_NONE
     assert config["input"][0]["optional"] is True and config["output"][0]["label_filename"] == ""
-    assert config["model_warmup"] == [] and config["parameters"] == {"pipeline": {"string_value": "yolov8"}}
+    assert config["model_warmup"] == [] and config["parameters"] == {}
+    # An ensemble, which has no instance: Triton lists no instance_group for it.
+    assert config["platform"] == "ensemble" and config["instance_group"] == []
+    assert [step["model_name"] for step in config["ensemble_scheduling"]["step"]] == ["yolov8_preprocess", "yolov8n", "yolov8_postprocess"]
 
 
 def test_defaults_filled_in_where_the_config_is_silent():

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import copy_model, start_triton, stop_server
 
 MODELS = (
-    "sim", "simple", "yolov8n", "yolov8n_detect",
+    "sim", "simple", "yolov8n", "yolov8n_detect", "yolov8_preprocess", "yolov8_postprocess",
     "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence", "sequence_accumulator",
 )
 

@@ -12,6 +12,9 @@ from .errors import InvalidInput, ModelLoadError
 CONFIG_FILE = "config.pbtxt"
 #: Looked for in this order in a version directory when config.pbtxt names no file.
 DEFAULT_FILENAMES = ("model.onnx", "model.om", "model.sim")
+#: Runtimes of the core's own processing code (runtimes/yolo.py): they load no file, so a version
+#: of their model is its directory, which both servers require to exist, and nothing in it.
+PROCESSING_RUNTIMES = frozenset({"yolov8_preprocess", "yolov8_postprocess"})
 
 
 def read_config(model_dir: Path) -> mc.ModelConfig:
@@ -77,7 +80,12 @@ def parse_version(version: str | None) -> int | None:
 
 
 def model_file(config: mc.ModelConfig, version_dir: Path) -> Path:
-    """The model file of one version: `default_model_filename`, else the first default present."""
+    """The model file of one version: `default_model_filename`, else the first default present
+    (for a processing runtime, the version directory itself)."""
+    if _string_parameter(config, "runtime") in PROCESSING_RUNTIMES:
+        if not version_dir.is_dir():
+            raise ModelLoadError(f"version {version_dir.name} has no directory")
+        return version_dir
     names = (config.default_model_filename,) if config.default_model_filename else DEFAULT_FILENAMES
     for name in names:
         if (version_dir / name).is_file():

@@ -273,7 +273,12 @@ def file_stamp(path: Path) -> tuple[int, int]:
 
 
 def checked_sha256(config: mc.ModelConfig, path: Path, version: int) -> str:
-    """The sha256 of a version's file; ModelLoadError unless it is the digest the config expects (if any)."""
+    """The sha256 of a version's file; ModelLoadError unless it is the digest the config expects (if any).
+
+    "" for a version of a processing runtime, which is a directory and no file.
+    """
+    if path.is_dir():
+        return ""
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         while chunk := file.read(1 << 20):

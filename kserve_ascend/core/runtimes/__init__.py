@@ -15,11 +15,11 @@ _RUNTIMES = {
     "onnx": ("onnx", "OnnxRuntime"),
     "acl": ("acl", "AclRuntime"),
     "sim": ("sim", "SimRuntime"),
+    # The core's processing code, steps of a detection ensemble: no file (config.PROCESSING_RUNTIMES).
+    "yolov8_preprocess": ("yolo", "YoloV8Preprocess"),
+    "yolov8_postprocess": ("yolo", "YoloV8Postprocess"),
 }
 _BY_EXTENSION = {".onnx": "onnx", ".om": "acl", ".sim": "sim"}
-#: `parameters { key: "pipeline" }` -> (module, class): a runtime wrapping the file's own runtime
-#: with pre- and post-processing, e.g. image bytes in, detections out.
-_PIPELINES = {"yolov8": ("detect", "YoloV8Runtime")}
 
 
 def runtime_name(config: mc.ModelConfig, path: Path) -> str:
@@ -34,23 +34,9 @@ def runtime_name(config: mc.ModelConfig, path: Path) -> str:
 
 
 def load_runtime(config: mc.ModelConfig, path: Path, device_id: int) -> Runtime:
-    """Loads `path` on `device_id` with the runtime the config selects, inside its pipeline if it names one."""
-    pipeline = parameter(config, "pipeline")
-    if pipeline is not None and pipeline not in _PIPELINES:
-        raise ModelLoadError(f"unknown pipeline {pipeline!r}: parameters pipeline must be one of {sorted(_PIPELINES)}")
-    runtime = _load(_RUNTIMES[runtime_name(config, path)], path, device_id, config)
-    if pipeline is None:
-        return runtime
-    try:
-        return _load(_PIPELINES[pipeline], runtime)
-    except BaseException:
-        runtime.close()
-        raise
-
-
-def _load(where: tuple[str, str], *args) -> Runtime:
-    module, cls = where
-    return getattr(import_module(f"{__name__}.{module}"), cls)(*args)
+    """Loads `path` on `device_id` with the runtime the config selects."""
+    module, cls = _RUNTIMES[runtime_name(config, path)]
+    return getattr(import_module(f"{__name__}.{module}"), cls)(path, device_id, config)
 
 
 __all__ = ["Runtime", "TensorSpec", "load_runtime", "runtime_name", "parameter"]
