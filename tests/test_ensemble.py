@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import re
 import shutil
 import textwrap
@@ -26,8 +27,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import both_servers, copy_model, start_server, start_triton, stop_server
+from conftest import FAKE_ACL, both_servers, copy_model, load_fake_acl, start_server, start_triton, stop_server
 from kserve_ascend.core.errors import ModelLoadError
+from kserve_ascend.core.processing import image, yolo
 from kserve_ascend.core.repository import Repository
 
 A = np.arange(32, dtype=np.int32).reshape(2, 16)
@@ -297,3 +299,65 @@ def test_a_step_model_that_is_not_ready_makes_the_ensemble_unready(tmp_path):
     assert re.match(r"step 1 \(model 'simple'\): model 'simple' is not ready", single.waiting_for)
     for model in repository.models.values():
         model.close()
+
+
+def test_an_om_detector_serves_inside_the_detection_ensemble(tmp_path):
+    """The detection ensemble's post-processing over an `.om` step (the FAKE pyACL, tests/fake_acl: an
+    identity model with ATC's output names and dynamic batch gears), batched across concurrent requests."""
+    fake_acl = load_fake_acl()
+    repository = tmp_path / "repository"
+    detector = repository / "head" / "1"
+    detector.mkdir(parents=True)
+    (detector.parent / "config.pbtxt").write_text(
+        'name: "head"\nbackend: "ascend"\nmax_batch_size: 8\n'
+        'input [ { name: "images" data_type: TYPE_FP32 dims: [ 6, 8400 ] } ]\n'
+        'output [ { name: "output0" data_type: TYPE_FP32 dims: [ 6, 8400 ] } ]\n'
+        "dynamic_batching { max_queue_delay_microseconds: 300000 }\n"
+    )
+    fake_acl.fake_write_om(
+        detector / "model.om", [("images", fake_acl.ACL_FLOAT, [-1, 6, 8400])],
+        outputs=[("output0", fake_acl.ACL_FLOAT, [-1, 6, 8400])], dynamic_batch=[1, 2, 4, 8], atc_names=True,
+    )
+    copy_model("yolov8_postprocess", repository)
+    (repository / "om_detect" / "1").mkdir(parents=True)
+    (repository / "om_detect" / "config.pbtxt").write_text(ensemble(
+        "om_detect", 0,
+        '{ name: "head" data_type: TYPE_FP32 dims: [ 1, 6, 8400 ] }, { name: "letterbox" data_type: TYPE_FP32 dims: [ 5 ] }',
+        tensors(["detection_boxes"], "[ -1, 4 ]", "TYPE_FP32") + ", " + tensors(["detection_scores"], "[ -1 ]", "TYPE_FP32")
+        + ", " + tensors(["detection_classes"], "[ -1 ]") + ", " + tensors(["num_detections"], "[ 1 ]"),
+        [
+            step("head", {"images": "head"}, {"output0": "output0"}),
+            step("yolov8_postprocess", {"output0": "output0", "letterbox": "letterbox"},
+                 {n: n for n in ("detection_boxes", "detection_scores", "detection_classes", "num_detections")}),
+        ],
+    ))
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+    server = start_server(repository, tmp_path / "server.log", env=env)
+    try:
+        rng = np.random.default_rng(5)
+        heads = np.zeros((6, 1, 6, 8400), dtype=np.float32)
+        heads[:, :, :4] = rng.uniform(20, 600, (6, 1, 4, 8400))
+        heads[:, :, 4:] = rng.uniform(0, 0.3, (6, 1, 2, 8400))  # some anchors above 0.25
+        frame = image.Letterbox(1280, 720, 0.5, 0, 140)
+        letterbox = np.array([frame.width, frame.height, frame.scale, frame.left, frame.top], dtype=np.float32)
+
+        def detect(head):
+            with grpcclient.InferenceServerClient(server.grpc) as client:
+                inputs = [grpcclient.InferInput("head", list(head.shape), "FP32"), grpcclient.InferInput("letterbox", [5], "FP32")]
+                inputs[0].set_data_from_numpy(head)
+                inputs[1].set_data_from_numpy(letterbox)
+                result = client.infer("om_detect", inputs)
+            return result.as_numpy("detection_boxes"), result.as_numpy("detection_scores"), result.as_numpy("detection_classes")
+
+        with concurrent.futures.ThreadPoolExecutor(len(heads)) as pool:
+            answers = list(pool.map(detect, heads))
+        for head, (boxes, scores, classes) in zip(heads, answers):
+            expected = yolo.decode(head[0])
+            assert len(scores) > 1
+            np.testing.assert_array_equal(scores, expected.scores)
+            np.testing.assert_array_equal(classes, expected.classes)
+            np.testing.assert_allclose(boxes, frame.to_image(expected.boxes), rtol=1e-6)
+        batches = {b["batch_size"] for b in stats(server, "head")["1"]["batch_stats"]}
+        assert max(batches) > 1, batches
+    finally:
+        stop_server(server)
