@@ -9,8 +9,12 @@ measures nothing.
 
 from __future__ import annotations
 
+import base64
 import csv
+import io
+import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -19,6 +23,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
+from PIL import Image
 
 from conftest import ROOT
 
@@ -118,3 +123,22 @@ def test_shared_memory_outputs_answered_as_triton_does(server, triton):
     http_outputs, grpc_outputs, raw = ours
     assert [set(output) for output in http_outputs] == [{"name", "datatype", "shape"}] * 2
     assert [len(output.parameters) for output in grpc_outputs] == [0, 0] and raw == [b"", b""]
+
+
+def test_measures_the_detection_ensemble_and_its_composing_models(target, tmp_path):
+    """A Triton user's detection pipeline: perf_analyzer reads the ensemble's config and reports each
+    composing model (from their statistics), the detector batching the concurrent images."""
+    picture = io.BytesIO()
+    Image.new("RGB", (320, 240), (90, 140, 200)).save(picture, "PNG")
+    encoded = picture.getvalue()
+    # perf_analyzer sends a "b64" value as it is: a BYTES tensor's serialization, each element length-prefixed.
+    data = {"data": [{"image": {"b64": base64.b64encode(struct.pack("<I", len(encoded)) + encoded).decode(), "shape": [1]}}]}
+    (tmp_path / "input.json").write_text(json.dumps(data))
+    run = perf_analyzer(
+        "-m", "yolov8n_detect", "-u", target.http, "--input-data", str(tmp_path / "input.json"), "--concurrency-range", "4",
+        "--measurement-interval", "1500", "--max-trials", "3", "--stability-percentage", "10000",
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    composing = run.stdout.split("Composing models:")[1]
+    for model in ("yolov8_preprocess", "yolov8n", "yolov8_postprocess"):
+        assert f"{model}, version: 1" in composing
