@@ -198,7 +198,7 @@ def check_steps(name: str, signature: Signature, graph: Graph, models: Mapping[S
 ABSENT = None
 
 
-def _to_step(array: np.ndarray, dims: tuple[int, ...], step_batches: bool, batch: int) -> np.ndarray:
+def _fit_batch(array: np.ndarray, dims: tuple[int, ...], step_batches: bool, batch: int) -> np.ndarray:
     """The tensor as a step's model (or the ensemble's answer) takes it, Triton's
     EnsembleContext::ReshapeTensorDims: between a batching and a non-batching side, a tensor that is the
     model's dims gains a batch of 1, and a batch of 1 that is not the model's dims loses its batch
@@ -343,7 +343,8 @@ class EnsembleVersion:
         try:
             tensors, batches, phases = await self._run(steps, served, inputs, rows, parameters or {})
         except BaseException as error:
-            self.stats.record_failure(now_ns() - timing.start, "OTHER")
+            reason = "CANCELED" if isinstance(error, asyncio.CancelledError) else "OTHER"  # Triton's reasons
+            self.stats.record_failure(now_ns() - timing.start, reason)
             if isinstance(error, AscendError):
                 raise _prefixed(error, f"in ensemble '{self.name}', ") from None
             raise
@@ -356,7 +357,7 @@ class EnsembleVersion:
         # In the ensemble's own shapes, as Triton answers them; an output a step left out is left out.
         decls = self.signature.outputs
         return {
-            name: _to_step(tensors[name], _dims(decls[name]), self.signature.batching, batches[name])
+            name: _fit_batch(tensors[name], _dims(decls[name]), self.signature.batching, batches[name])
             for name in wanted
             if tensors[name] is not ABSENT
         }
@@ -420,7 +421,7 @@ class EnsembleVersion:
         """One step as a request of its model; its outputs, their batch size, and its execution's phases."""
         signature = served.signature
         inputs = {
-            own: _to_step(tensors[tensor], signature.inputs[own].dims, signature.batching, batches[tensor])
+            own: _fit_batch(tensors[tensor], signature.inputs[own].dims, signature.batching, batches[tensor])
             for own, tensor in step.inputs.items()
             if tensors[tensor] is not ABSENT
         }
