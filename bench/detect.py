@@ -147,7 +147,8 @@ def main() -> None:
     lines = [
         "# Detection ensemble: yolov8n_detect", "",
         f"One run on this machine ({time.strftime('%Y-%m-%d')}); CPU onnxruntime, random weights, score_threshold 0.0001",
-        "so that NMS works on every anchor and keeps 100 boxes (the worst case for post-processing).", "",
+        "in-process so that NMS works on every anchor and keeps 100 boxes (the worst case for post-processing);",
+        "the server's loads use the default thresholds, as a client would.", "",
         "## Where the time goes (in-process, one instance)", "",
         "| image | pre-processing | execution | post-processing |", "| --- | ---: | ---: | ---: |",
     ]
