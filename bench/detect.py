@@ -1,13 +1,13 @@
 """The detection chain (yolov8n_detect): where an image's time goes, in-process and through the server.
 
-    python bench/detect.py [--iterations 30] [--duration 10] [--concurrency 2]
+    python bench/detect.py [--iterations 30] [--duration 10] [--concurrency 2] [--quick] [--out bench/results]
 
 1. In-process, on the instance's own runtime: pre-processing (decode + letterbox), execution
    (the detector) and post-processing (decode + NMS + mapping back) timed apart, for a
    1280x720 JPEG and a 640x640 PNG.
 2. Through the KServe server: tritonclient sends the JPEG as a BYTES tensor over HTTP and
    gRPC from `concurrency` threads for `duration` seconds.
-Writes bench/results/detect.md (and prints it).
+Writes detect.md in `--out` (and prints it); `--quick` (3 iterations, 1 s) in bench/results/quick/.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kserve_ascend.core.model import Model
 from kserve_ascend.core.processing import yolo
 
 MODEL = "yolov8n_detect"
-RESULTS = Path(__file__).resolve().parent / "results" / "detect.md"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def picture(fmt: str, size: tuple[int, int]) -> bytes:
@@ -102,7 +102,13 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="3 iterations, 1 s per protocol: checks it runs")
+    parser.add_argument("--out", type=Path, default=None, help="default bench/results (bench/results/quick with --quick)")
     args = parser.parse_args()
+    if args.quick:
+        args.iterations, args.duration = 3, 1.0
+    out = args.out or RESULTS / ("quick" if args.quick else "")
+    out.mkdir(parents=True, exist_ok=True)
     jpeg, png = picture("JPEG", (1280, 720)), picture("PNG", (640, 640))
     lines = [
         "# Detection chain: yolov8n_detect", "",
@@ -139,7 +145,7 @@ def main() -> None:
         "adds to the in-process total is the protocol, the queue and the client, which share the machine's cores.",
     ]
     report = "\n".join(lines) + "\n"
-    RESULTS.write_text(report)
+    (out / "detect.md").write_text(report)
     print(report)
 
 

@@ -72,8 +72,31 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait_ready: bool = True) -> Server:
-    """Starts `python -m kserve_ascend` and waits until it is ready (or, for a broken repository, loaded)."""
+def pytest_addoption(parser):
+    parser.addoption(
+        "--workers", type=int, default=1, metavar="N",
+        help="start every kserve-ascend server with N frontend processes (--workers N) unless its test names a number",
+    )
+
+
+#: `pytest --workers N`: what `start_server` starts by default.
+WORKERS = 1
+
+
+def pytest_configure(config):
+    global WORKERS
+    WORKERS = config.getoption("--workers")
+
+
+def start_server(
+    model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait_ready: bool = True, workers: int | None = None
+) -> Server:
+    """Starts `python -m kserve_ascend` and waits until it is ready (or, for a broken repository, loaded).
+
+    `workers` > 1: an engine process and that many frontend processes (`--workers`); by
+    default, what `pytest --workers N` asks (1: one process).
+    """
+    workers = WORKERS if workers is None else workers
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
         sys.executable, "-m", "kserve_ascend",
@@ -81,6 +104,7 @@ def start_server(model_dir: Path, log: Path, *extra: str, env: dict | None = Non
         "--http_port", str(http_port),
         "--grpc_port", str(grpc_port),
         "--metrics_port", str(metrics_port),
+        *(("--workers", str(workers)) if workers > 1 else ()),
         *extra,
     ]
     with open(log, "wb") as out:
