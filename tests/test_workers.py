@@ -31,7 +31,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPOSITORY, ROOT, copy_model, free_port, start_server, stop_server
+from conftest import REPOSITORY, ROOT, alive, copy_model, descendants, free_port, start_server, stop_server
 
 SIMPLE = {
     "inputs": [
@@ -330,6 +330,28 @@ def test_a_killed_frontend_is_replaced_while_the_other_serves_on(tmp_path):
     finally:
         stop_server(server)
     assert "exited with code -9" in server.output()
+
+
+def test_frontends_end_when_their_engine_is_killed(tmp_path):
+    """A crashed engine (OOM-killed, SIGKILL) leaves no frontend serving, nor any codec process, behind."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    copy_model("yolov8n", repository)
+    server = start_server(repository, tmp_path / "server.log", workers=2)
+    big = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 640, 640], "data": [0.5] * (3 * 640 * 640)}]}
+    body = orjson.dumps(big)
+    for _ in range(4):  # with both frontends' codec processes started (by the first large body each gets)
+        assert requests.post(f"{server.url}/v2/models/yolov8n/infer", data=body, timeout=60).status_code == 200
+    started = descendants(server.process.pid)
+    assert len(started) >= 2
+    server.process.kill()
+    server.process.wait()
+    deadline = time.monotonic() + 15
+    while (left := [pid for pid in started if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "processes outlived their engine"
 
 
 def test_a_frontend_that_cannot_start_stops_the_server(tmp_path):

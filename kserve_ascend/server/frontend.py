@@ -24,7 +24,7 @@ import socket
 
 import kserve
 
-from . import metrics
+from . import metrics, offload
 from .remote import RemoteDataPlane, RemoteModelRepository
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,10 @@ def run(args: argparse.Namespace, index: int, channel: socket.socket, calls: soc
 
     frontend = FrontendServer(index, channel, calls, http_socket, **app.server_options(args))
     app.configure_process(args)  # after KServe's ModelServer, which configures logging if nothing has yet
-    asyncio.run(frontend.serve())
+    try:
+        asyncio.run(frontend.serve())
+    finally:
+        offload.stop()
 
 
 class FrontendServer(kserve.ModelServer):

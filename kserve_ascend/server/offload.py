@@ -132,3 +132,13 @@ def rest_answer_json_bytes(request: InferRequest, outputs: Mapping[str, np.ndarr
 def grpc_typed_bytes(request: pb.ModelInferRequest) -> int:
     """About how many bytes of typed contents (`contents` rather than raw) a gRPC request holds."""
     return sum(4 * len(values) for tensor in request.inputs for _, values in tensor.contents.ListFields())
+
+
+def stop() -> None:
+    """Ends the codec process, if one runs. A frontend of `--workers` calls it before it returns:
+    multiprocessing joins a child process's own children as it exits, before the pool's exit hook
+    has told this one to end, and this one ends only with its parent — the two would wait forever."""
+    global _process
+    if _process is not None:
+        _process.shutdown(wait=True, cancel_futures=True)
+        _process = None
