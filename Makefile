@@ -15,6 +15,9 @@ PROMETHEUS_STAMP := $(VENV)/.prometheus-installed
 # 0.15.2 package, whose protobuf 4 cannot share .venv. tests/test_storage.py runs its Storage.download.
 STORAGE_INITIALIZER_VENV  := $(VENV)/kserve-0.15.2
 STORAGE_INITIALIZER_STAMP := $(STORAGE_INITIALIZER_VENV)/.installed
+# MLServer, a peer in `make bench`.
+MLSERVER_VENV  := $(VENV)/mlserver
+MLSERVER_STAMP := $(MLSERVER_VENV)/.installed
 
 MODEL_DIR ?= model_repository
 HTTP_PORT ?= 8080
@@ -70,17 +73,25 @@ check-ascend: $(CANN_STAMP)
 triton: $(STAMP)
 	$(BIN)/python tools/run_triton.py --model-repository $(MODEL_DIR)
 
-$(BENCH_STAMP): $(STAMP)
+$(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[cpu,test,bench]'
 	touch $@
 
-# The same loads against five scenarios (bench/run.py; hey, perf_analyzer and tritonclient), ~17 min:
-# bench/results/results.md, qps_p99.png, results.json.
-# `make bench BENCH_ARGS=--quick` (1 s per point, concurrency 1 and 10) checks that it runs.
-bench: $(BENCH_STAMP) $(PERF_ANALYZER)
+# MLServer 1.7.1, a peer in the bench, in its own virtualenv (its pins do not fit .venv's); uvloop
+# below 0.22: with 0.23 its parallel-inference workers fail to start ("There is no current event loop").
+$(MLSERVER_STAMP):
+	test -x $(MLSERVER_VENV)/bin/python || $(PYTHON) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/pip install --quiet 'mlserver==1.7.1' 'uvloop<0.22'
+	touch $@
+
+# The same loads against kserve-ascend (--workers 1 and 2), Triton, MLServer and stock KServe
+# (bench/run.py; hey, perf_analyzer and tritonclient) with py-spy profiles and the detection chain,
+# ~25 min: bench/results/results.md, results.json, qps_p99.png, side_by_side.png, profile-*, detect.md.
+# `make bench BENCH_ARGS=--quick` (1 s per point, one concurrency per model, ~5 min) checks that it
+# runs and writes to bench/results/quick/ (not committed).
+bench: $(BENCH_STAMP) $(PERF_ANALYZER) $(MLSERVER_STAMP)
 	command -v hey >/dev/null || apt-get install -y -qq hey || { apt-get update -qq && apt-get install -y -qq hey; }
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
-	$(BIN)/python bench/detect.py
 
 # Regenerates the committed model files from seeded weights.
 models: $(STAMP)

@@ -2,7 +2,8 @@
 
 The machine has 2 cores that the client, the server and whatever else runs here share.
 Cores used by others mean the point was measured on fewer cores, so each point says so;
-and the server's CPU per request compares servers regardless of what the client costs.
+and the server's CPU per request (its process tree's CPU seconds over the requests it answered
+in the same span) compares servers regardless of what the client costs.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ class CpuMeter:
         self._end = self._snapshot()
 
     def cores(self) -> dict[str, float]:
+        """Mean cores of the server, the load and others over the block, and the server's CPU seconds."""
         wall, busy, server, load = (end - start for start, end in zip(self._start, self._end))
         return {
+            "server_cpu_s": server,
             "server_cores": server / wall,
             "load_cores": load / wall,
             "other_cores": max(busy - server - load, 0.0) / wall,

@@ -1,6 +1,6 @@
 """The detection ensemble (yolov8n_detect): where an image's time goes, and its throughput against the detector's.
 
-    python bench/detect.py [--iterations 30] [--duration 10]
+    python bench/detect.py [--iterations 30] [--duration 10] [--quick] [--out bench/results]
 
 1. In-process, on each step model's runtime: pre-processing (decode + letterbox), the detector
    and post-processing (decode + NMS + mapping back) timed apart, for a 1280x720 JPEG and a
@@ -10,7 +10,7 @@
 3. Through the KServe server: perf_analyzer sends the JPEG as a BYTES tensor over gRPC from 1, 8
    and 32 clients (and HTTP from 8) for `duration` seconds each: images/s against the ceiling
    (target: 0.85 of it at 32), and the batch sizes the detector ran, from its statistics.
-Writes bench/results/detect.md (and prints it).
+Writes detect.md in `--out` (and prints it); `--quick` (3 iterations, 1 s) in bench/results/quick/.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from kserve_ascend.core.model import Model
 MODEL = "yolov8n_detect"
 #: The ensemble's steps, in order.
 STEPS = ("yolov8_preprocess", "yolov8n", "yolov8_postprocess")
-RESULTS = Path(__file__).resolve().parent / "results" / "detect.md"
+RESULTS = Path(__file__).resolve().parent / "results"
 PERF_ANALYZER = Path(__file__).resolve().parent.parent / "tools" / "perf_analyzer.py"
 
 
@@ -111,14 +111,14 @@ def detector_batches(server) -> dict[int, int]:
 
 def load(server, protocol: str, data_file: Path, concurrency: int, duration: float) -> dict:
     """perf_analyzer (C++, so the client takes little of the shared cores) sending the image from
-    `concurrency` closed-loop clients: three windows of duration / 3, as they come."""
+    `concurrency` closed-loop clients: three windows of duration / 3 (1.5 s at least, so that batches finish in each), as they come."""
     where = ["-i", "grpc", "-u", server.grpc] if protocol == "gRPC" else ["-u", server.http]
     with tempfile.TemporaryDirectory() as workdir:
         report = Path(workdir) / "run.csv"
         run = subprocess.run(
             [
                 sys.executable, str(PERF_ANALYZER), "-m", MODEL, *where, "--input-data", str(data_file),
-                "--concurrency-range", str(concurrency), "--measurement-interval", str(round(duration * 1000 / 3)),
+                "--concurrency-range", str(concurrency), "--measurement-interval", str(max(round(duration * 1000 / 3), 1500)),
                 "--max-trials", "3", "--stability-percentage", "10000", "-f", str(report),
             ],
             capture_output=True, text=True, timeout=duration * 10 + 120,
@@ -142,7 +142,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true", help="3 iterations, 1 s per protocol: checks it runs")
+    parser.add_argument("--out", type=Path, default=None, help="default bench/results (bench/results/quick with --quick)")
     args = parser.parse_args()
+    if args.quick:
+        args.iterations, args.duration = 3, 1.0
+    out = args.out or RESULTS / ("quick" if args.quick else "")
+    out.mkdir(parents=True, exist_ok=True)
     jpeg, png = picture("JPEG", (1280, 720)), picture("PNG", (640, 640))
     lines = [
         "# Detection ensemble: yolov8n_detect", "",
@@ -195,7 +201,7 @@ def main() -> None:
         "on cores of their own: the gap to the ceiling is the CPU they take from the detector here.",
     ]
     report = "\n".join(lines) + "\n"
-    RESULTS.write_text(report)
+    (out / "detect.md").write_text(report)
     print(report)
 
 

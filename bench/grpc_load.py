@@ -34,6 +34,7 @@ class Window:
         self.latencies: list[float] = []
         self.errors = 0
         self.first_error = ""
+        self.total = 0  # every answer, warm-up and late ones too: the server's work
 
     def open(self) -> bool:
         """Whether clients should send another request."""
@@ -41,6 +42,7 @@ class Window:
 
     def answered(self, client: int, sent: float, error: str | None = None) -> None:
         done = time.perf_counter()
+        self.total += 1
         if self.start is None:
             self.unanswered.discard(client)
             if not self.unanswered and done >= self.warm_until:
@@ -76,7 +78,7 @@ async def client(number: int, url: str, model: str, window: Window) -> None:
 async def load(url: str, model: str, concurrency: int, duration: float, warmup: float) -> dict:
     window = Window(concurrency, warmup, duration)
     await asyncio.gather(*(client(i, url, model, window) for i in range(concurrency)))
-    return {**summarize(window.latencies, duration, window.errors), "first_error": window.first_error}
+    return {**summarize(window.latencies, duration, window.errors), "first_error": window.first_error, "answered": window.total}
 
 
 def main() -> None:

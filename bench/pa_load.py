@@ -32,20 +32,24 @@ SERVER_COLUMNS = {
 }
 
 
-def perf_analyzer(server, model: str, protocol: str, concurrency: int, window_s: float, csv_path: Path) -> subprocess.CompletedProcess:
-    """One run of WINDOWS windows of `window_s`, taken as they come (any spread counts as stable)."""
+def command(server, model: str, protocol: str, concurrency: int, window_s: float, csv_path: Path) -> list[str]:
+    """WINDOWS windows of `window_s`, taken as they come (any spread counts as stable)."""
     if protocol == "grpc":
         where = ["-i", "grpc", "-u", server.grpc]
     else:
         where = ["-u", server.http, "--input-tensor-format", "binary", "--output-tensor-format", "binary"]
-    command = [
+    return [
         sys.executable, str(PERF_ANALYZER), "-m", model, *where,
         "--concurrency-range", str(concurrency),
         "--measurement-interval", str(max(round(window_s * 1000), 1)),
         "--max-trials", str(WINDOWS), "--stability-percentage", "10000",
         "-f", str(csv_path), "--verbose-csv",
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=WINDOWS * window_s * 10 + 120)
+
+
+def perf_analyzer(server, model: str, protocol: str, concurrency: int, window_s: float, csv_path: Path) -> subprocess.CompletedProcess:
+    run = command(server, model, protocol, concurrency, window_s, csv_path)
+    return subprocess.run(run, capture_output=True, text=True, timeout=WINDOWS * window_s * 10 + 120)
 
 
 def load(server, model: str, protocol: str, concurrency: int, duration: float, warmup: float, workdir: Path) -> dict:

@@ -14,12 +14,12 @@ import time
 
 from kserve_ascend.core.model import Model
 
-from payloads import REPOSITORY, inputs
+from payloads import inputs, model_dir
 from summary import summarize
 
 
 def ceiling(model_name: str, duration: float, warmup: float, batch_size: int = 0) -> dict:
-    model = Model(model_name, REPOSITORY / model_name)
+    model = Model(model_name, model_dir(model_name))
     model.load()  # raises with the reason if it does not
     try:
         version = model.versions[max(model.versions)]

@@ -1,24 +1,29 @@
-"""`make bench`: the same closed-loop load against five scenarios, on this machine, in one run.
+"""`make bench`: the same closed-loop loads against every server, on this machine, in one run.
 
-    python bench/run.py [--quick] [--duration 6] [--warmup 1.5] [--out bench/results]
+    python bench/run.py [--quick] [--duration 6] [--warmup 1.5] [--workers 1 2] [--out bench/results]
 
-Scenarios (servers.SCENARIOS): the executor called in-process at max_batch_size, kserve_ascend
-without and with dynamic batching, real Triton with the `ascend` backend, and a stock KServe
-custom model. Every server serves all three models on free loopback ports and is stopped
-before the next starts. Loads (PROTOCOLS), closed loop at concurrency 1, 10, 64:
-- `http`: JSON over HTTP with hey, for sim and simple;
+Scenarios (servers.SCENARIOS): the executor called in-process, kserve-ascend without
+batching, with dynamic batching at `--workers 1` and at `--workers 2`, real Triton with the
+`ascend` backend, MLServer with custom runtimes, and a stock KServe custom model. One server
+runs at a time, on free loopback ports. Loads (LOADS, per scenario and model), closed loop:
+- `http`: JSON over HTTP with hey;
 - `binary` and `grpc`: binary tensors over HTTP and raw tensors over gRPC with perf_analyzer
-  (Triton's load generator, pa_load.py), for all three, on every server but stock KServe,
-  which lacks the model configuration perf_analyzer needs;
-- `grpc-py`: raw tensors over gRPC with tritonclient's asyncio client (grpc_load.py), on stock
-  KServe and, to compare with it under the same load generator, kserve_ascend with batching.
-One line per point is printed as it finishes; report.py writes results.md, qps_p99.png and
-results.json.
+  (Triton's load generator, pa_load.py), on kserve-ascend and Triton: MLServer and stock
+  KServe lack the model configuration extension perf_analyzer needs;
+- `grpc-py`: raw tensors over gRPC with tritonclient's asyncio client (grpc_load.py), the gRPC
+  load every server takes, so that all of them compare under one generator.
+Per point: requests/s, latency, and the server's CPU milliseconds per request: the CPU time of
+its process tree over the requests it answered in the same span (warm-up included; counted by
+the client, or by the server's statistics for perf_analyzer). A py-spy profile of kserve-ascend
+(profiles.py) is taken at the PROFILED points, and the detection chain measured (detect.py).
+report.py writes results.md, results.json, qps_p99.png and side_by_side.png.
+`--quick` (1 s per point, one concurrency per model) writes to bench/results/quick/.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -30,25 +35,35 @@ from pathlib import Path
 
 import hey_load
 import pa_load
+import profiles
 import report
 import servers
 from cpu import CpuMeter, wait_for_quiet
 from payloads import json_body
 
 BENCH = Path(__file__).resolve().parent
-MODELS = ("sim", "simple", "yolov8n")
-#: JSON of a [1,3,640,640] image is 1.2 M numbers in text: that model goes in binary only.
-PROTOCOLS = {"sim": ("http", "binary", "grpc", "grpc-py"), "simple": ("http", "binary", "grpc", "grpc-py"), "yolov8n": ("binary", "grpc", "grpc-py")}
-#: The loads perf_analyzer generates.
+MODELS = ("sim", "simple", "fastsim", "yolov8n")
+#: Concurrent clients per model: sim's targets are at 10 (the CANN design's measurement), simple's and
+#: fastsim's at 16 and 64 (issue 17); --quick runs the one its targets need.
+CONCURRENCY = {"sim": (1, 10, 64), "simple": (16, 64), "fastsim": (16, 64), "yolov8n": (1, 10, 64)}
+QUICK_CONCURRENCY = {"sim": (10,), "simple": (16,), "fastsim": (64,), "yolov8n": (1,)}
+ALL = ("http", "binary", "grpc", "grpc-py")
+#: The loads of each scenario, per model. JSON of a [1,3,640,640] image is 1.2 M numbers in text:
+#: yolov8n goes in binary only. MLServer serves no yolov8n (its peer would be onnxruntime again).
+LOADS = {
+    "raw": {model: ("call",) for model in MODELS},
+    "nobatch": {"sim": ("http", "grpc")},  # the denominator of sim's batching target
+    "batch": {"sim": ("http", "grpc"), "simple": ALL, "fastsim": ALL, "yolov8n": ("grpc", "grpc-py")},
+    "workers2": {"sim": ("http", "grpc"), "simple": ("http", "grpc", "grpc-py"), "fastsim": ("http", "grpc", "grpc-py")},
+    "triton": {"sim": ("http", "grpc"), "simple": ALL, "fastsim": ALL, "yolov8n": ("grpc",)},
+    "mlserver": {"sim": ("http", "grpc-py"), "simple": ("http", "grpc-py"), "fastsim": ("http", "grpc-py")},
+    "stock": {"sim": ("http", "grpc-py"), "simple": ("http", "grpc-py"), "fastsim": ("http", "grpc-py"), "yolov8n": ("grpc-py",)},
+}
+#: The loads perf_analyzer generates; the server's statistics count what it answered.
 PERF_ANALYZER_PROTOCOLS = frozenset({"binary", "grpc"})
-
-
-def protocols(model: str, scenario: str) -> list[str]:
-    """The loads of a model on a scenario's server."""
-    if scenario == "stock":  # no model configuration extension: perf_analyzer cannot drive it
-        return [p for p in PROTOCOLS[model] if p not in PERF_ANALYZER_PROTOCOLS]
-    # grpc-py is stock KServe's gRPC load: run on kserve_ascend with batching to compare under the same generator.
-    return [p for p in PROTOCOLS[model] if p != "grpc-py" or scenario == "batch"]
+#: Where kserve-ascend is profiled with py-spy: (model, protocol, concurrency), at every --workers count.
+PROFILED = (("simple", "http", 16), ("simple", "grpc", 16))
+PROFILED_SCENARIOS = ("batch", *servers.WORKERS)
 
 
 def python_json(script: str, *args) -> dict:
@@ -63,55 +78,103 @@ class Bench:
     def __init__(self, args: argparse.Namespace, workdir: Path):
         self.args, self.workdir = args, workdir
         self.points: list[dict] = []
-        served = [s for s in servers.SCENARIOS if s != "raw"]
-        self.total = 2 * len(MODELS) + sum(len(protocols(m, s)) for m in MODELS for s in served) * len(args.concurrency)
+        self.skipped: dict[str, str] = {}
+        self.profiles: list[dict] = []
+        self.scenarios = [s for s in servers.SCENARIOS if s not in servers.WORKERS or servers.WORKERS[s] in args.workers]
+        if 1 not in args.workers:
+            self.scenarios.remove("batch")
+        self.total = sum(len(self.plan(s)) for s in self.scenarios)
         for model in MODELS:
             (workdir / f"{model}.json").write_bytes(json_body(model))
+
+    def plan(self, scenario: str) -> list[tuple[str, str, int]]:
+        """(model, protocol, concurrency) of each point of a scenario, in order; raw's concurrency is its batch."""
+        if scenario == "raw":
+            return [(model, "call", batch) for model in MODELS for batch in (0, 1)]
+        return [(m, p, c) for m, loads in LOADS[scenario].items() for p in loads for c in self.args.concurrency[m]]
 
     def record(self, point: dict) -> None:
         self.points.append(point)
         rss = f"  rss {point['rss_start_mb']:.0f}->{point['rss_end_mb']:.0f} MiB" if "rss_start_mb" in point else ""
         errors = f"  ERRORS {point['errors']} {point.get('first_error', '')[:80]}" if point["errors"] else ""
-        p50 = "-" if point["p50_ms"] is None else f"{point['p50_ms']:.1f}"
         p99 = "-" if point["p99_ms"] is None else f"{point['p99_ms']:.1f}"
-        cpu = f"  cores srv/load/other {point['server_cores']:.2f}/{point['load_cores']:.2f}/{point['other_cores']:.2f}"
+        cpu = "" if point.get("server_cpu_ms") is None else f"  cpu {point['server_cpu_ms']:.3f} ms/req"
+        cpu += f"  cores srv/load/other {point['server_cores']:.2f}/{point['load_cores']:.2f}/{point['other_cores']:.2f}"
         if point["waited_s"] > 2:
             cpu += f" (waited {point['waited_s']:.0f} s for a quiet machine)"
         print(
-            f"[{len(self.points):2d}/{self.total}] {point['model']:8s}{point['scenario']:8s}{point['protocol']:8s}"
-            f"c={point['concurrency']:<3}{point['qps']:9.1f} /s  p50 {p50:>7} ms  p99 {p99:>7} ms{cpu}{rss}{errors}",
+            f"[{len(self.points):3d}/{self.total}] {point['model']:8s}{point['scenario']:9s}{point['protocol']:8s}"
+            f"c={point['concurrency']:<3}{point['qps']:9.1f} /s  p99 {p99:>7} ms{cpu}{rss}{errors}",
             flush=True,
         )
 
     def raw(self) -> None:
         # At max_batch_size (the ceiling the targets use) and, to show what batching buys the executor, at 1.
-        for model in MODELS:
-            for batch in (0, 1):
-                args = ("--model", model, "--batch", batch, "--duration", self.args.duration, "--warmup", self.args.warmup)
-                point = self.measure(lambda: python_json("raw.py", *args))
-                self.record({"model": model, "scenario": "raw", "protocol": "call", "concurrency": point["batch"], **point})
+        for model, _, batch in self.plan("raw"):
+            args = ("--model", model, "--batch", batch, "--duration", self.args.duration, "--warmup", self.args.warmup)
+            point = self.measure(lambda: python_json("raw.py", *args))
+            self.record({"model": model, "scenario": "raw", "protocol": "call", "concurrency": point["batch"], **point})
 
     def server(self, scenario: str) -> None:
-        with servers.running(scenario, self.workdir, self.args.out / "logs") as server:
-            for model in MODELS:
-                for protocol in protocols(model, scenario):
-                    for concurrency in self.args.concurrency:
-                        point = self.measure(lambda: self.load(server, model, protocol, concurrency), server)
-                        self.record({"model": model, "scenario": scenario, "protocol": protocol, "concurrency": concurrency, **point})
+        with contextlib.ExitStack() as stack:
+            try:
+                server = stack.enter_context(servers.running(scenario, self.workdir, self.args.out / "logs"))
+            except RuntimeError as error:
+                if scenario not in servers.WORKERS:
+                    raise
+                # The server refused the flag or failed to start with it: the other scenarios go on.
+                reason = str(error).strip().splitlines()[-1][:300]
+                self.skipped[scenario] = reason
+                print(f"SKIPPED {scenario} ({servers.SCENARIOS[scenario]}): the server did not start: {reason}", flush=True)
+                self.total -= len(self.plan(scenario))
+                return
+            for model, protocol, concurrency in self.plan(scenario):
+                count = (lambda: servers.succeeded(server, model)) if protocol in PERF_ANALYZER_PROTOCOLS else None
+                point = self.measure(lambda: self.load(server, model, protocol, concurrency), server, count)
+                self.record({"model": model, "scenario": scenario, "protocol": protocol, "concurrency": concurrency, **point})
+                if scenario in PROFILED_SCENARIOS and (model, protocol, concurrency) in PROFILED:
+                    self.profile(server, scenario, model, protocol, concurrency)
 
-    def measure(self, run, server=None) -> dict:
-        """One point, started on a quiet machine: its figures, where the cores went, and the server's memory."""
+    def profile(self, server, scenario: str, model: str, protocol: str, concurrency: int) -> None:
+        why_not = profiles.available()
+        name = f"profile-{scenario}-{model}-{protocol}-c{concurrency}"
+        if why_not:
+            print(f"no profile {name}: {why_not}", flush=True)
+            return
+        seconds = 1 if self.args.quick else self.args.profile_seconds
+        long_enough = 4 * seconds + 60  # outlives the recordings; stopped once they are done
+        if protocol == "http":
+            load = hey_load.command(f"{server.url}/v2/models/{model}/infer", self.workdir / f"{model}.json", concurrency, long_enough)
+        else:
+            load = pa_load.command(server, model, protocol, concurrency, long_enough, self.workdir / "profile.csv")
+        title = (f"py-spy: {servers.SCENARIOS[scenario]}, {model}, {report.PROTOCOL_NAMES[protocol]}, c={concurrency};"
+                 f" three recordings of {seconds:g} s under the same load: the flame graph's and this summary's two views")
+        try:
+            figures = profiles.record(server.process.pid, load, self.args.out / name, title, seconds)
+        except RuntimeError as error:  # a profile is worth less than the run it is part of
+            print(f"no profile {name}: {error}", flush=True)
+            return
+        self.profiles.append({"scenario": scenario, "model": model, "protocol": protocol, "concurrency": concurrency,
+                              "svg": f"{name}.svg", "txt": f"{name}.txt", **figures})
+        print(f"profile: {self.args.out / name}.svg, .txt", flush=True)
+
+    def measure(self, run, server=None, count=None) -> dict:
+        """One point, started on a quiet machine: its figures, where the cores went, the server's CPU
+        per request answered, and the server's memory."""
         waited = 0.0 if self.args.quick else wait_for_quiet()
         rss_start = servers.rss_mb(server) if server else None
+        before = count() if count else None
         with CpuMeter(server.process.pid if server else None) as meter:
             point = run()
         point.update(meter.cores(), waited_s=waited)
+        if count:
+            point["answered"] = count() - before
         if server:
+            answered = point.get("answered")
             point.update(
                 rss_start_mb=rss_start,
                 rss_end_mb=servers.rss_mb(server),
-                # Warm-up and window carry the same load, so mean cores ÷ QPS is CPU per request.
-                server_cpu_ms=point["server_cores"] * 1000 / point["qps"] if point["qps"] else None,
+                server_cpu_ms=point["server_cpu_s"] * 1000 / answered if answered else None,
             )
         return point
 
@@ -130,14 +193,17 @@ class Bench:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1 and 10: checks the bench runs")
+    parser.add_argument("--quick", action="store_true", help="1 s per point, one concurrency per model: checks the bench runs")
     parser.add_argument("--duration", type=float, default=6.0, help="measured seconds per point")
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds of the same load before each point")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], choices=[1, *servers.WORKERS.values()],
+                        help="kserve-ascend's --workers counts to measure (default: 1 2)")
+    parser.add_argument("--profile-seconds", type=float, default=4.0, help="length of each py-spy recording")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results (bench/results/quick with --quick)")
     args = parser.parse_args()
-    args.concurrency = (1, 10, 64)
+    args.concurrency = CONCURRENCY
     if args.quick:
-        args.duration, args.warmup, args.concurrency = 1.0, 0.5, (1, 10)
+        args.duration, args.warmup, args.concurrency = 1.0, 0.5, QUICK_CONCURRENCY
     args.out = (args.out or BENCH / "results" / ("quick" if args.quick else "")).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -148,7 +214,7 @@ def main() -> None:
         bench = Bench(args, Path(tmp))
         servers.make_repositories(bench.workdir)
         print(f"{bench.total} points, {args.duration:g} s each after {args.warmup:g} s of warm-up; logs in {args.out / 'logs'}", flush=True)
-        for scenario in servers.SCENARIOS:
+        for scenario in bench.scenarios:
             print(f"--- {servers.SCENARIOS[scenario]}", flush=True)
             bench.raw() if scenario == "raw" else bench.server(scenario)
     run = {
@@ -156,13 +222,18 @@ def main() -> None:
         "seconds": time.monotonic() - started,
         "machine": _machine(),
         "code": code,
-        "duration_s": args.duration, "warmup_s": args.warmup, "concurrency": list(args.concurrency),
-        "scenarios": servers.SCENARIOS,
+        "quick": args.quick,
+        "duration_s": args.duration, "warmup_s": args.warmup, "concurrency": args.concurrency,
+        "scenarios": {s: servers.SCENARIOS[s] for s in bench.scenarios},
+        "skipped": bench.skipped,
         "simple_batching": servers.SIMPLE_DYNAMIC_BATCHING.strip(),
+        "profiles": bench.profiles,
         "points": bench.points,
     }
     report.write(run, args.out)
-    print(f"done in {run['seconds']:.0f} s: {args.out / 'results.md'}, {args.out / 'qps_p99.png'}, {args.out / 'results.json'}")
+    print(f"bench done in {run['seconds']:.0f} s: {args.out / 'results.md'}, results.json, qps_p99.png, side_by_side.png", flush=True)
+    detect = ["--quick"] if args.quick else []
+    subprocess.run([sys.executable, str(BENCH / "detect.py"), "--out", str(args.out), *detect], check=True)
 
 
 def _machine() -> str:

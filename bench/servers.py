@@ -1,4 +1,4 @@
-"""The servers under test: their model repositories, start and stop, and their memory.
+"""The servers under test: their model repositories, start and stop, and what they answered.
 
 Processes are started with the tests' own helpers (tests/conftest.py): free loopback
 ports, a log per server, readiness polled over HTTP, SIGTERM then SIGKILL.
@@ -7,6 +7,8 @@ ports, a log per server, readiness polled over HTTP, SIGTERM then SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,12 +17,15 @@ from pathlib import Path
 
 import psutil
 import requests
+from payloads import BENCH_REPOSITORY, REPOSITORY, model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import Server, free_port, start_server, start_triton, stop_server, wait_until  # noqa: E402
 
-REPOSITORY = ROOT / "model_repository"
+#: MLServer 1.7.1 in its own virtualenv (Makefile: MLSERVER_VENV); its runtimes are bench/mlserver/.
+MLSERVER = ROOT / ".venv" / "mlserver" / "bin" / "mlserver"
 _DYNAMIC_BATCHING = re.compile(r"^dynamic_batching\s*\{[^}]*\}\s*\n", re.MULTILINE)
 
 #: The committed `simple` does not batch. A 16-int add costs microseconds, so what a batch
@@ -30,19 +35,27 @@ SIMPLE_DYNAMIC_BATCHING = "dynamic_batching { }\n"
 
 SCENARIOS = {
     "raw": "raw executor (in-process, max batch)",
-    "nobatch": "kserve_ascend, no batching",
-    "batch": "kserve_ascend, dynamic batching",
-    "triton": "Triton + ascend backend",
+    "nobatch": "kserve-ascend, no batching",
+    "batch": "kserve-ascend, dynamic batching, --workers 1",
+    "workers2": "kserve-ascend, dynamic batching, --workers 2",
+    "triton": "Triton 2.51 + ascend backend",
+    "mlserver": "MLServer 1.7.1, custom runtimes",
     "stock": "stock KServe custom model",
 }
+#: kserve-ascend's scenarios started with `--workers N` (N > 1); "batch" is the default, one process.
+WORKERS = {"workers2": 2}
+#: The models each peer serves (kserve-ascend and Triton: the whole repository).
+PEER_MODELS = {"mlserver": ("sim", "simple", "fastsim"), "stock": ("sim", "simple", "fastsim", "yolov8n")}
 
 
 def make_repositories(workdir: Path) -> None:
-    """`repository-nobatch`: every dynamic_batching removed; `repository-batch`: as committed, plus batching for `simple`."""
+    """`repository-nobatch`: every dynamic_batching removed; `repository-batch`: as committed, plus batching
+    for `simple`. Both hold model_repository/ and the bench's own models."""
     for kind in ("nobatch", "batch"):
         target = workdir / f"repository-{kind}"
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(REPOSITORY, target)
+        shutil.copytree(BENCH_REPOSITORY, target, dirs_exist_ok=True)
         for config in target.glob("*/config.pbtxt"):
             text = config.read_text()
             if kind == "nobatch":
@@ -54,22 +67,67 @@ def make_repositories(workdir: Path) -> None:
 
 def start_stock(log: Path) -> Server:
     http_port, grpc_port = free_port(), free_port()
-    command = [sys.executable, str(ROOT / "bench" / "stock_kserve.py"), "--http_port", str(http_port), "--grpc_port", str(grpc_port)]
+    command = [sys.executable, str(BENCH / "stock_kserve.py"), "--http_port", str(http_port), "--grpc_port", str(grpc_port)]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     server = Server(process, http_port, grpc_port, log)
     return wait_until(server, lambda: requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200, timeout=60)
 
 
+def mlserver_settings(home: Path, http_port: int, grpc_port: int, metrics_port: int) -> None:
+    """settings.json and one model-settings.json per model, mirroring each model's config.pbtxt:
+    adaptive batching where the model batches dynamically (max_batch_size, max_queue_delay as
+    max_batch_time), the sim device's costs as extra parameters."""
+    from kserve_ascend.core.config import read_config
+
+    home.mkdir(parents=True, exist_ok=True)
+    # debug off: with MLServer's default (debug: true) it logs at DEBUG and writes an access-log line
+    # per request, which a production deployment turns off (mlserver/rest/server.py: access_log=debug).
+    settings = {"debug": False, "host": "127.0.0.1", "http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
+    (home / "settings.json").write_text(json.dumps(settings))
+    for model in PEER_MODELS["mlserver"]:
+        config = read_config(model_dir(model))
+        entry = {"name": model, "implementation": "runtimes.Simple" if model == "simple" else "runtimes.Sim"}
+        if "sim_fixed_ms" in config.parameters:
+            entry["parameters"] = {"extra": {key: config.parameters[key].string_value for key in ("sim_fixed_ms", "sim_per_item_ms")}}
+        if config.HasField("dynamic_batching"):
+            entry["max_batch_size"] = config.max_batch_size
+            entry["max_batch_time"] = config.dynamic_batching.max_queue_delay_microseconds / 1e6
+        (home / model).mkdir(exist_ok=True)
+        (home / model / "model-settings.json").write_text(json.dumps(entry))
+
+
+def start_mlserver(workdir: Path, log: Path) -> Server:
+    if not MLSERVER.exists():
+        raise RuntimeError(f"{MLSERVER} is missing: `make bench` installs MLServer 1.7.1 in its own virtualenv")
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    home = workdir / "mlserver"
+    mlserver_settings(home, http_port, grpc_port, metrics_port)
+    env = {**os.environ, "PYTHONPATH": str(BENCH / "mlserver")}
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(MLSERVER), "start", str(home)], stdout=out, stderr=subprocess.STDOUT, cwd=home, env=env)
+    server = Server(process, http_port, grpc_port, log, metrics_port)
+    # Ready once every model is: the server-wide readiness does not wait for the parallel workers.
+    ready = lambda: all(  # noqa: E731
+        requests.get(f"{server.url}/v2/models/{m}/ready", timeout=1).status_code == 200 for m in PEER_MODELS["mlserver"]
+    )
+    return wait_until(server, ready, timeout=120)
+
+
 @contextlib.contextmanager
 def running(scenario: str, workdir: Path, logs: Path):
-    """The server of `scenario` on the repositories in `workdir`, serving all three models, stopped on the way out."""
+    """The server of `scenario` on the repositories in `workdir`, stopped on the way out."""
     logs.mkdir(parents=True, exist_ok=True)
-    if scenario in ("nobatch", "batch"):
-        server = start_server(workdir / f"repository-{scenario}", logs / f"kserve_ascend-{scenario}.log")
+    if scenario == "nobatch":
+        server = start_server(workdir / "repository-nobatch", logs / "kserve_ascend-nobatch.log")
+    elif scenario == "batch" or scenario in WORKERS:
+        workers = ("--workers", str(WORKERS[scenario])) if scenario in WORKERS else ()
+        server = start_server(workdir / "repository-batch", logs / f"kserve_ascend-{scenario}.log", *workers)
     elif scenario == "triton":
         (workdir / "triton").mkdir(exist_ok=True)  # its backend directory and triton.log
         server = start_triton(workdir / "repository-batch", workdir / "triton")
+    elif scenario == "mlserver":
+        server = start_mlserver(workdir, logs / "mlserver.log")
     elif scenario == "stock":
         server = start_stock(logs / "stock_kserve.log")
     else:
@@ -77,17 +135,51 @@ def running(scenario: str, workdir: Path, logs: Path):
     try:
         yield server
     finally:
+        members = tree(server)
         stop_server(server)
+        _reap(members)
         if scenario == "triton":
             shutil.copy(server.log, logs / "triton.log")
 
 
+def _reap(members: list[psutil.Process]) -> None:
+    """Ends what the server left behind (a frontend, a stub, an inference worker whose parent was
+    killed): the next scenario must have the cores and ports to itself."""
+    alive = []
+    for member in members:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if member.status() != psutil.STATUS_ZOMBIE:
+                alive.append(member)
+    for member in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.terminate()
+    _, left = psutil.wait_procs(alive, timeout=10)
+    for member in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+
+
+def tree(server: Server) -> list[psutil.Process]:
+    """The server's process tree: Triton's python stubs, MLServer's inference workers, kserve-ascend's frontends."""
+    try:
+        process = psutil.Process(server.process.pid)
+        return [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def rss_mb(server: Server) -> float:
-    """Resident memory of the server and its children (Triton's python stubs), in MiB."""
-    process = psutil.Process(server.process.pid)
-    tree = [process, *process.children(recursive=True)]
+    """Resident memory of the server and its children, in MiB."""
     total = 0
-    for member in tree:
+    for member in tree(server):
         with contextlib.suppress(psutil.NoSuchProcess):
             total += member.memory_info().rss
     return total / 2**20
+
+
+def succeeded(server: Server, model: str) -> int:
+    """Requests the server answered successfully for `model`, from the statistics extension
+    (kserve-ascend and Triton: `inference_stats.success.count`, summed over versions)."""
+    stats = requests.get(f"{server.url}/v2/models/{model}/stats", timeout=10)
+    stats.raise_for_status()
+    return sum(entry["inference_stats"]["success"]["count"] for entry in stats.json()["model_stats"])

@@ -1,10 +1,11 @@
-"""The baseline: the same three models as a KServe user writes them, with stock `kserve` only.
+"""The baseline: the bench's models as a KServe user writes them, with stock `kserve` only.
 
     python bench/stock_kserve.py --http_port 8080 --grpc_port 8081
 
 A plain `kserve.Model` per model whose synchronous `predict` runs each request alone
 (KServe calls a sync predict on its event loop, one request at a time): onnxruntime for
-simple and yolov8n, a sleep of 20 ms + 1 ms per row for sim, like the `sim` runtime.
+simple and yolov8n, a sleep of fixed + per-row milliseconds for sim (20 + 1) and fastsim
+(1 + 0.1), like the `sim` runtime.
 No tritonclient here: it cannot be imported beside kserve (kserve/kserve#3099).
 """
 
@@ -52,15 +53,17 @@ class OnnxModel(kserve.Model):
 
 
 class SimModel(kserve.Model):
-    """A device call of 20 ms + 1 ms per row (model_repository/sim's setting) that blocks, as a driver call does."""
+    """A device call of fixed + per-row milliseconds (the sim_fixed_ms and sim_per_item_ms of the
+    model's config.pbtxt) that blocks, as a driver call does."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, fixed_ms: float, per_row_ms: float):
         super().__init__(name)
+        self.fixed_ms, self.per_row_ms = fixed_ms, per_row_ms
         self.ready = True
 
     def predict(self, payload: InferRequest, headers=None) -> InferResponse:
         data = payload.inputs[0].as_numpy()
-        time.sleep((20 + 1 * data.shape[0]) / 1000)
+        time.sleep((self.fixed_ms + self.per_row_ms * data.shape[0]) / 1000)
         return response(self, payload, {"OUTPUT0": data.copy()})
 
 
@@ -70,5 +73,6 @@ if __name__ == "__main__":
     kserve.ModelServer().start([
         OnnxModel("simple", REPOSITORY / "simple" / "1" / "model.onnx"),
         OnnxModel("yolov8n", REPOSITORY / "yolov8n" / "1" / "model.onnx"),
-        SimModel("sim"),
+        SimModel("sim", 20, 1),  # model_repository/sim
+        SimModel("fastsim", 1, 0.1),  # bench/model_repository/fastsim
     ])

@@ -72,8 +72,31 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait_ready: bool = True) -> Server:
-    """Starts `python -m kserve_ascend` and waits until it is ready (or, for a broken repository, loaded)."""
+def pytest_addoption(parser):
+    parser.addoption(
+        "--workers", type=int, default=1, metavar="N",
+        help="start every kserve-ascend server with N frontend processes (--workers N) unless its test names a number",
+    )
+
+
+#: `pytest --workers N`: what `start_server` starts by default.
+WORKERS = 1
+
+
+def pytest_configure(config):
+    global WORKERS
+    WORKERS = config.getoption("--workers")
+
+
+def start_server(
+    model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait_ready: bool = True, workers: int | None = None
+) -> Server:
+    """Starts `python -m kserve_ascend` and waits until it is ready (or, for a broken repository, loaded).
+
+    `workers` > 1: an engine process and that many frontend processes (`--workers`); by
+    default, what `pytest --workers N` asks (1: one process).
+    """
+    workers = WORKERS if workers is None else workers
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     command = [
         sys.executable, "-m", "kserve_ascend",
@@ -81,6 +104,7 @@ def start_server(model_dir: Path, log: Path, *extra: str, env: dict | None = Non
         "--http_port", str(http_port),
         "--grpc_port", str(grpc_port),
         "--metrics_port", str(metrics_port),
+        *(("--workers", str(workers)) if workers > 1 else ()),
         *extra,
     ]
     with open(log, "wb") as out:
@@ -113,12 +137,54 @@ def wait_until(server: "Server", condition, timeout: float) -> "Server":
 
 
 def stop_server(server: Server) -> None:
+    """SIGTERM, as Kubernetes stops a pod; then every process the server started must be gone too
+    (frontends of --workers, codec processes), or the test fails naming them."""
+    started = descendants(server.process.pid)
     server.process.send_signal(signal.SIGTERM)
     try:
         server.process.wait(timeout=15)
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
+    deadline = time.monotonic() + 10
+    while (left := [pid for pid in started if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    named = [command_line(pid) for pid in left]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"the server left processes behind: {named}"
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and the ones they started (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return f"pid {pid} (gone)"
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, which only its new parent has yet to reap, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @pytest.fixture(scope="session")

@@ -53,10 +53,13 @@ def test_suite_passes_on_real_triton_with_only_known_deviations(tmp_path, report
     assert results["test_system_shared_memory_inference"] == "pass"
 
 
-def test_suite_passes_on_kserve_ascend_with_no_deviation(tmp_path, report):
-    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*")
-    run_on(server, "kserve-ascend", report)
-    results = outcomes(report, "kserve-ascend")
+@pytest.mark.parametrize("workers", [1, 2], ids=["workers1", "workers2"])
+def test_suite_passes_on_kserve_ascend_with_no_deviation(tmp_path, report, workers):
+    """One process, and an engine with two frontends (`--workers 2`) that the suite's connections spread over."""
+    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*", workers=workers)
+    name = "kserve-ascend" if workers == 1 else f"kserve-ascend --workers {workers}"
+    run_on(server, name, report)
+    results = outcomes(report, name)
     assert set(results.values()) <= {"pass", "not declared"}
     assert list(results.values()).count("pass") > 90
     assert results["test_system_shared_memory_inference"] == "pass"

@@ -113,16 +113,26 @@ def copy_slowly(source: Path, target: Path) -> None:
 # ---------------------------------------------------------------- poll
 
 
+#: The one-process server, and an engine with two frontends (`--workers 2`): each polls, loads and answers alike.
+WORKERS = pytest.mark.parametrize("workers", [1, 2], ids=["workers1", "workers2"])
+
+
 @pytest.fixture
-def poll_server(tmp_path):
+def workers(request) -> int:
+    return getattr(request, "param", 1)
+
+
+@pytest.fixture
+def poll_server(tmp_path, workers):
     repository = tmp_path / "repository"
     repository.mkdir()
     copy_model("simple", repository)
-    server = start_server(repository, tmp_path / "server.log", "--model_control_mode", "poll")
+    server = start_server(repository, tmp_path / "server.log", "--model_control_mode", "poll", workers=workers)
     yield server, repository
     stop_server(server)
 
 
+@WORKERS
 def test_poll_moves_to_a_new_version_and_back_under_load_with_no_failed_request(poll_server):
     """The source design's seamless upgrade: drop in version 2, then take it away, at concurrency 32."""
     server, repository = poll_server
@@ -165,6 +175,7 @@ def test_poll_reloads_a_changed_config_and_keeps_serving_when_the_new_one_is_bro
     assert requests.get(f"{server.url}/v2/models/simple/config").json()["max_batch_size"] == 8
 
 
+@WORKERS
 def test_poll_picks_up_new_models_and_drops_removed_ones(poll_server):
     server, repository = poll_server
     copy_model("simple", repository, "simple_copy")
@@ -178,6 +189,7 @@ def test_poll_picks_up_new_models_and_drops_removed_ones(poll_server):
     assert infer(server.url).status_code == 200
 
 
+@WORKERS
 def test_a_polling_server_stops_on_sigterm(poll_server):
     server, _ = poll_server
     server.process.send_signal(signal.SIGTERM)
@@ -195,13 +207,16 @@ def test_load_and_unload_are_refused_unless_control_is_explicit(poll_server):
 # ---------------------------------------------------------------- explicit
 
 
-@pytest.fixture(scope="module")
-def explicit_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
+def explicit_server(tmp_path_factory, request):
+    """With 2 workers, successive calls of a test land on either frontend: each sees what another loaded."""
     repository = tmp_path_factory.mktemp("explicit")
     copy_model("simple", repository)
     copy_model("simple", repository, "second")
     shutil.copytree(repository / "simple" / "1", repository / "simple" / "2")
-    server = start_server(repository, repository / "server.log", "--model_control_mode", "explicit", "--load_model", "simple")
+    server = start_server(
+        repository, repository / "server.log", "--model_control_mode", "explicit", "--load_model", "simple", workers=request.param
+    )
     yield server, repository
     stop_server(server)
 
@@ -288,11 +303,12 @@ def write_two_version_model(repository: Path, name: str, extra: str) -> Path:
     return model
 
 
-def test_version_weights_split_traffic_and_every_response_names_its_version(tmp_path):
+@WORKERS
+def test_version_weights_split_traffic_and_every_response_names_its_version(tmp_path, workers):
     repository = tmp_path / "repository"
     repository.mkdir()
     write_two_version_model(repository, "ab", 'parameters { key: "version_weights" value: { string_value: "1:80,2:20" } }\n')
-    server = start_server(repository, tmp_path / "server.log")
+    server = start_server(repository, tmp_path / "server.log", workers=workers)
     try:
         with requests.Session() as session:
             versions = Counter(infer(server.url, "ab", session).json()["model_version"] for _ in range(1000))

@@ -49,7 +49,7 @@ def log_lines(server) -> list[str]:
 
 
 def test_json_logs_are_one_object_per_line_naming_the_request(sim_repository, tmp_path):
-    server = start_server(sim_repository, tmp_path / "server.log", "--log_format", "json")
+    server = start_server(sim_repository, tmp_path / "server.log", "--log_format", "json", "--enable_access_log")
     try:
         assert requests.post(f"{server.url}/v2/models/sim/infer", json={"id": "oip-1", "inputs": [WRONG_SHAPE]}).status_code == 400
         # The OIP id names a request ahead of its x-request-id header.
@@ -95,9 +95,10 @@ def test_text_logs_keep_kserves_look_and_add_the_request_id(sim_repository, tmp_
     finally:
         stop_server(server)
     lines = [line for line in log_lines(server) if "request_id=oip-7" in line]
-    assert len(lines) == 2  # the edge's line and the access line
-    edge = next(line for line in lines if "kserve_ascend.server.rest INFO" in line)
-    assert edge.endswith("has shape [1, 5], the model expects [-1, 4] request_id=oip-7")
+    assert len(lines) == 1  # the edge's line: no access line unless --enable_access_log, as in Triton
+    assert "kserve_ascend.server.rest INFO" in lines[0]
+    assert lines[0].endswith("has shape [1, 5], the model expects [-1, 4] request_id=oip-7")
+    assert not any("uvicorn.access" in line or '"POST /v2/models/sim/infer' in line for line in log_lines(server))
     assert not any("request_id=" in line for line in log_lines(server) if "repository loaded" in line)
 
 

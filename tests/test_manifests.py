@@ -12,8 +12,9 @@
   Prometheus against the real servers: test_prometheus.py.)
 - Every container of every manifest as Pod Security `restricted` admits it, the project's images
   run as their image's user (HwHiAiUser); the chip overlays change exactly the NPU resource, the
-  node selector and the image; a Triton rollout needs no spare NPU; Knative-only features pin
-  the deployment mode. (Downloads by KServe's storage initializer: test_storage.py.)
+  node selector and the image; a Triton rollout needs no spare NPU; every server's preStop
+  delay and shutdown timeout fit in its pod's grace period; Knative-only features pin the
+  deployment mode. (Downloads by KServe's storage initializer: test_storage.py.)
 - The Dockerfiles: every COPY source exists in the build context and is readable by the image's
   user, who is created before USER names it; the entrypoint is the real CLI.
 """
@@ -718,6 +719,68 @@ def test_a_triton_rollout_needs_no_spare_npu():
     if strategy["type"] != "Recreate":
         assert strategy["rollingUpdate"]["maxSurge"] in (0, "0%")
         assert strategy["rollingUpdate"]["maxUnavailable"] not in (0, "0%")
+
+
+#: Kubernetes' default terminationGracePeriodSeconds.
+DEFAULT_GRACE_PERIOD_S = 30
+#: Their pods are KServe's to make: their stop is the InferenceServices'.
+RUNTIME_KINDS = {"ServingRuntime", "ClusterServingRuntime"}
+#: Triton's --exit-timeout-secs when not given (triton-inference-server/core src/server.cc, InferenceServer()).
+TRITON_EXIT_TIMEOUT_S = 30
+
+
+def shutdown_timeout_s(container: dict) -> float:
+    """How long the server in a project image's container may take to stop after SIGTERM, by its flags."""
+    if container["image"].startswith("kserve-ascend-triton:"):
+        return float(flag_values(container.get("args", [])).get("--exit-timeout-secs", TRITON_EXIT_TIMEOUT_S))
+    from kserve_ascend.server.app import build_parser
+
+    return build_parser().parse_args(container["args"]).shutdown_timeout_s
+
+
+def pre_stop_delay_s(container: dict) -> float:
+    """The seconds a container's preStop hook waits (`sleep N`): the endpoints drop the pod meanwhile."""
+    command = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    assert command[:1] == ["sleep"] and len(command) == 2, f"{container['name']}: no preStop delay"
+    return float(command[1])
+
+
+def stopped_servers() -> list[tuple[str, dict, int]]:
+    """(where, container, grace period) of every server the manifests have Kubernetes stop: the project's
+    images in the Deployments and the Seldon Server, and the runtime's container in each RawDeployment
+    InferenceService, with the service's fields (its preStop hook) merged in as KServe merges them
+    (kserve pkg/controller/v1beta1/inferenceservice/utils/utils.go, MergeRuntimeContainers: a strategic merge).
+    Not the Knative ones: Knative makes the hook its queue-proxy's drain, the grace period the revision's
+    timeoutSeconds (300 s by default), and refuses a runtime's own `lifecycle` (pkg/apis/serving/fieldmask.go)."""
+    servers = []
+    for path in POD_FILES:
+        for obj in documents(path):
+            for where, pod in pod_specs(obj):
+                for container in pod["containers"]:
+                    if obj["kind"] not in RUNTIME_KINDS and container["image"].startswith("kserve-ascend"):
+                        grace = pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
+                        servers.append((f"{relative(path)}: {where}", container, grace))
+    for path in OBJECT_FILES:
+        for isvc in (o for o in documents(path) if o["kind"] == "InferenceService"):
+            if isvc["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode") not in KNATIVE_MODES:
+                predictor = isvc["spec"]["predictor"]
+                container = {**runtime_container(), **{k: v for k, v in predictor["model"].items() if k == "lifecycle"}}
+                servers.append((relative(path), container, predictor.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)))
+    return servers
+
+
+def test_every_server_stops_within_its_pods_grace_period():
+    # SIGTERM comes after the preStop hook; the kubelet kills the container at the grace period's end,
+    # and with it every request the server has yet to answer.
+    servers = stopped_servers()
+    for where, container, grace in servers:
+        budget = pre_stop_delay_s(container) + shutdown_timeout_s(container)
+        assert budget < grace, f"{where}: {budget} s to stop, {grace} s given"
+    # The MindIE-style and Triton Deployments, the Seldon Server, the three RawDeployment services.
+    assert len(servers) == 6
+    for path, kind in ((RUNTIME, "ClusterServingRuntime"), (NAMESPACED_RUNTIME, "ServingRuntime")):
+        # Knative would refuse every service of a runtime with a hook of its own.
+        assert all("lifecycle" not in container for container in the(path, kind)["spec"]["containers"])
 
 
 # Knative's: canary traffic splitting across revisions, the KPA's concurrency and rps metrics.

@@ -65,8 +65,12 @@ def write_server_files(ca: trustme.CA, directory) -> tuple:
     return certfile, keyfile
 
 
-@pytest.fixture(scope="module")
-def tls_server(tmp_path_factory):
+#: One process, and an engine with two frontends (`--workers 2`): each frontend speaks TLS and checks tokens.
+WORKERS = {"params": [1, 2], "ids": ["workers1", "workers2"]}
+
+
+@pytest.fixture(scope="module", **WORKERS)
+def tls_server(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("tls")
     (directory / "models").mkdir()
     copy_model("simple", directory / "models")
@@ -80,6 +84,7 @@ def tls_server(tmp_path_factory):
         sys.executable, "-m", "kserve_ascend", "--model_dir", str(directory / "models"),
         "--http_port", str(http_port), "--grpc_port", str(grpc_port), "--metrics_port", str(metrics_port),
         "--ssl_certfile", str(certfile), "--ssl_keyfile", str(keyfile),
+        *(("--workers", str(request.param)) if request.param > 1 else ()),
     ]  # fmt: skip
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -165,8 +170,8 @@ def claims(**changes) -> dict:
     return {k: v for k, v in {"sub": "alice", "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 3600, **changes}.items() if v is not None}
 
 
-@pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
+@pytest.fixture(scope="module", **WORKERS)
+def auth_server(tmp_path_factory, request):
     directory = tmp_path_factory.mktemp("auth")
     copy_model("simple", directory)
     key = rsa_key()
@@ -177,6 +182,7 @@ def auth_server(tmp_path_factory):
         "--auth_token_file", str(directory / "tokens"),
         "--auth_jwt_public_key", str(directory / "jwt.pem"),
         "--auth_jwt_issuer", ISSUER, "--auth_jwt_audience", AUDIENCE,
+        workers=request.param,
     )  # fmt: skip
     yield server, key
     stop_server(server)

@@ -43,3 +43,8 @@ class DeviceError(AscendError):
         self.ret = ret
         self.fatal = fatal
         super().__init__(f"{call} failed with return code {ret}" + (f": {detail}" if detail else ""))
+
+
+class InternalError(AscendError):
+    """A fault of the server or of a runtime that broke its contract (500 / INTERNAL): it fails the
+    requests it concerns and no other; whoever catches it logs it with its cause."""

@@ -16,7 +16,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .datatypes import to_config, to_numpy
-from .errors import ModelLoadError
+from .errors import InternalError, ModelLoadError
 from .runtimes import Runtime, TensorSpec
 from .signature import Signature
 from .stats import now_ns, report_phases
@@ -201,7 +201,25 @@ class Instance:
 
     def _run(self, inputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         outputs = self.runtime.run(self._shaped(inputs, self._reshape_in, rows), self._output_names)
+        self._check_outputs(outputs, rows)
         return self._shaped(outputs, self._reshape_out, rows)
+
+    def _check_outputs(self, outputs: Mapping[str, np.ndarray], rows: int) -> None:
+        """Refuses (InternalError) a run that did not answer an array per output with the batch's rows.
+
+        A model that does not keep its batch dimension (one dropping rows, or reducing over them) would
+        otherwise hand some requests of a batch their neighbours' rows, or none.
+        """
+        for name in self._output_names:
+            array = outputs.get(name) if isinstance(outputs, Mapping) else None
+            if not isinstance(array, np.ndarray):
+                raise InternalError(f"{self.runtime.path.name} answered {type(array).__name__} for output '{name}', not an array")
+            if self._batching and (array.ndim == 0 or array.shape[0] != rows):
+                answered = array.shape[0] if array.ndim else "no"
+                raise InternalError(
+                    f"{self.runtime.path.name} answered {answered} rows of output '{name}' for a batch of {rows}:"
+                    " the model does not keep the batch dimension"
+                )
 
     def _runs(self, rows: int) -> list[int]:
         """The executions a batch of `rows` takes: as many of the largest size as fill, then the smallest that holds the rest."""
@@ -223,9 +241,10 @@ class Instance:
             dtype = self._input_dtypes[name] if name in self._input_dtypes else np.result_type(*(r[name].dtype for r in requests))
             array = np.empty((total, *first.shape[1:]), dtype)
             np.concatenate([r[name] for r in requests], out=array[:rows], casting="same_kind")
-            # Zero rows; for strings, copies of the last real row: a model that parses its text
-            # (Cast string->int) takes those, where it would fail the whole batch on "".
-            array[rows:] = array[rows - 1] if dtype.kind == "O" else 0
+            if rows < total:
+                # Zero rows; for strings, copies of the last real row: a model that parses its text
+                # (Cast string->int) takes those, where it would fail the whole batch on "".
+                array[rows:] = array[rows - 1] if dtype.kind == "O" else 0
             assembled[name] = array
         return assembled
 

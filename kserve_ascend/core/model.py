@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -208,7 +208,7 @@ class ModelVersion:
     async def infer(
         self,
         inputs: Mapping[str, np.ndarray],
-        output_names: Sequence[str] | None = None,
+        output_names: Collection[str] | None = None,
         parameters: Mapping[str, object] | None = None,
         timing: RequestTiming | None = None,
     ) -> dict[str, np.ndarray]:
@@ -227,7 +227,9 @@ class ModelVersion:
             self.signature.check_outputs(output_names)
         if self._prepare_request is not None:
             inputs = self._prepare_request(inputs, parameters)
-        priority, timeout_us = (_int_parameter(parameters, key) for key in ("priority", "timeout"))
+        priority = timeout_us = None
+        if parameters:
+            priority, timeout_us = _int_parameter(parameters, "priority"), _int_parameter(parameters, "timeout")
         if isinstance(self.scheduler, SequenceScheduler):
             outputs = await self.scheduler.submit(inputs, rows, parameters, timeout_us, timing)
         else:
@@ -247,6 +249,13 @@ class ModelVersion:
         self.scheduler.close(ModelNotReady(f"model '{self.name}' version {self.version} was unloaded"))
         await asyncio.to_thread(self._release)
         log.info("model '%s' version %d unloaded", self.name, self.version)
+
+    def abandon(self, reason: Exception) -> None:
+        """Fails every request it holds, queued or executing, with `reason` (a shutdown that can wait no
+        longer); an instance still executing is not waited for when the version closes."""
+        self.scheduler.close(reason)
+        for index in self.scheduler.abandon(reason):
+            self.threads[index].abandon()
 
     def close(self) -> None:
         """Fails queued requests, waits for running batches, then releases every device."""

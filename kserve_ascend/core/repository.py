@@ -36,7 +36,9 @@ SETTLE_S = 1.0
 
 class Repository:
     def __init__(self, root: Path | str):
-        self.root = Path(root)
+        # Absolute: the watcher reports absolute paths, which must be under the root as given (a relative
+        # --model_dir in poll mode once crashed the server on the first change), and the cwd may change.
+        self.root = Path(root).absolute()
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository {self.root} is not a directory")
         self.models: dict[str, Model] = {name: Model(name, path, self.get) for name, path in self._directories().items()}
@@ -168,18 +170,24 @@ class Repository:
         async for changes in watchfiles.awatch(self.root, stop_event=stop, recursive=True):
             names = {Path(path).relative_to(self.root).parts[0] for _, path in changes if Path(path) != self.root}
             names = {n for n in names if not n.startswith(".")}
-            await self._settle(names)
-            present = self._directories()
-            for name in sorted(names):
-                if name not in present:
-                    log.info("model '%s' left the repository", name)
-                    await self.remove(name)
-                    continue
-                try:
-                    await self.load(name)
-                except Exception as error:  # recorded as the model's reason; the others go on
-                    log.error("model '%s' did not reload: %s", name, error)
+            try:
+                await self._apply(names)
+            except Exception:  # the server goes on serving what it serves, and on watching
+                log.exception("the repository's changes to %s could not be applied", sorted(names))
             yield names
+
+    async def _apply(self, names: set[str]) -> None:
+        await self._settle(names)
+        present = self._directories()
+        for name in sorted(names):
+            if name not in present:
+                log.info("model '%s' left the repository", name)
+                await self.remove(name)
+                continue
+            try:
+                await self.load(name)
+            except Exception as error:  # recorded as the model's reason; the others go on
+                log.error("model '%s' did not reload: %s", name, error)
 
     async def _settle(self, names: set[str]) -> None:
         """Waits until no file of these models changes for SETTLE_S (the directory walks off the event loop)."""

@@ -38,7 +38,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .batching import BatchQueue, BatchRunner, InstanceLost, Pending, Scheduler
 from .errors import InvalidInput, ModelNotReady, Unavailable
 from .sequence import CorrelationId, SequenceBatching, SequenceRequest, missing_start
-from .stats import RequestTiming, VersionStats
+from .stats import RequestTiming, VersionStats, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,23 @@ class SlotQueue:
         self.delay_s = direct.max_queue_delay_microseconds / 1e6
         self.utilization = direct.minimum_slot_utilization
         self._waiting: dict[int, Pending] = {}
-        self._arrived = asyncio.Event()
 
     def level_of(self, priority: int | None) -> int:
         return 0  # Triton's sequence batcher has no priority levels
 
-    def put(self, pending: Pending, timeout_us: int | None = None) -> None:
+    def put(self, pending: Pending, timeout_us: int | None = None, instances: int = 1) -> float:
         self._waiting[pending.inputs.slot] = pending
-        self._arrived.set()
+        return 0  # no queue timeout: the sequence's own `timeout` bounds its wait for a slot
+
+    def waiting(self) -> bool:
+        return bool(self._waiting)
+
+    def withdraw(self, pending: Pending) -> None:
+        pass  # its caller left: dropped at the next poll
+
+    def take_head(self) -> Pending | None:
+        """Takes the lowest slot's request, due or not (after a fault in forming a batch)."""
+        return self._waiting.pop(min(self._waiting)) if self._waiting else None
 
     def observe(self, rows: int, seconds: float) -> None:
         pass
@@ -85,22 +94,18 @@ class SlotQueue:
         self._waiting.clear()
         return live
 
-    async def next_batch(self) -> list[Pending]:
-        loop = asyncio.get_running_loop()
-        while True:
-            for slot in [s for s, p in self._waiting.items() if p.future.done()]:
-                del self._waiting[slot]  # its caller left
-            wait = self._hold(loop.time()) if self._waiting else None
-            if wait is not None and wait <= 0:
-                break
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
+    def poll(self, idle_since: float, now: float) -> tuple[list[Pending] | None, float | None]:
+        """As `BatchQueue.poll`: the batch due now, else how long until it may be (None: nothing waits)."""
+        for slot in [s for s, p in self._waiting.items() if p.future.done()]:
+            del self._waiting[slot]  # its caller left
+        if not self._waiting:
+            return None, None
+        wait = self._hold(now)
+        if wait > 0:
+            return None, wait
         slots = sorted(self._waiting)
         shape_key = self._waiting[slots[0]].shape_key
-        return [self._waiting.pop(s) for s in slots if self._waiting[s].shape_key == shape_key]
+        return [self._waiting.pop(s) for s in slots if self._waiting[s].shape_key == shape_key], None
 
     def _hold(self, now: float) -> float:
         """Seconds the batch may still wait for more slots to fill (0 or less: send it)."""
@@ -164,6 +169,7 @@ class SequenceScheduler:
     ):
         self.sequences = sequences
         self.output_names = list(output_names)
+        self.stats = stats
         self._on_instance_lost = on_instance_lost
         self._schedulers: list[Scheduler] = []
         for index, (runner, executor, attributes) in enumerate(zip(runners, executors, span_attributes)):
@@ -236,6 +242,10 @@ class SequenceScheduler:
         for scheduler in self._schedulers:
             scheduler.close(reason)
 
+    def abandon(self, reason: Exception) -> list[int]:
+        """Fails the batches still executing (see Scheduler.abandon); returns their instances."""
+        return [index for index, scheduler in enumerate(self._schedulers) if scheduler.abandon(reason)]
+
     # -- requests
 
     async def submit(
@@ -257,6 +267,7 @@ class SequenceScheduler:
         previous, done = sequence.last, loop.create_future()
         sequence.last = done
         self.outstanding += 1
+        arrived, queued = now_ns() if timing is None else timing.start, False
         try:
             if previous is not None:
                 await asyncio.wait([previous])  # in order, whatever became of it
@@ -275,16 +286,23 @@ class SequenceScheduler:
             if self.sequences.direct is not None:
                 feed = SlotRequest(feed, index)
             shape_key = tuple((n, a.shape[1:]) for n, a in sorted(feed.items())) if self.sequences.batching else ()
+            queued = True
             outputs = await scheduler.submit(feed, 1, shape_key, None, None, timing)
             sequence.state = self.sequences.output_states(outputs)
             return {name: outputs[name] for name in self.output_names}
+        except asyncio.CancelledError:
+            if not queued:  # its caller left while it waited for its turn or a slot (once queued, its instance counts it)
+                self.stats.record_failure(now_ns() - arrived, "CANCELED")
+            raise
         finally:
-            done.set_result(None)
-            if sequence.over and sequence.last is done:
-                self._release(sequence)
-            self.outstanding -= 1
-            if not self.outstanding and self._answered_all is not None:
-                self._answered_all.set()
+            done.set_result(None)  # first: the sequence's next request goes on whatever happens below
+            try:
+                if sequence.over and sequence.last is done:
+                    self._release(sequence)
+            finally:
+                self.outstanding -= 1
+                if not self.outstanding and self._answered_all is not None:
+                    self._answered_all.set()
 
     def _join(self, request: SequenceRequest, rows: int) -> _Sequence:
         """The sequence a request belongs to, started if the request starts it; Triton's refusals otherwise."""

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
+import signal
+import socket
 from pathlib import Path
+from typing import Awaitable
 
 import kserve
 from kserve import model_server
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
 from kserve.protocol.rest.server import RESTServer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core import tracing
 from ..core.errors import AscendError
 from ..core.model import Model
 from ..core.repository import Repository
-from . import logs, metrics, rest
+from . import logs, metrics, ports, rest
 from .auth import Authenticator, GrpcAuthentication
 from .dataplane import DataPlane
 from .grpc import CertificateFiles, GrpcServer
@@ -25,6 +31,9 @@ from .model import AscendModel
 log = logging.getLogger(__name__)
 
 GRPC_MAX_MESSAGE_LENGTH = 2**31 - 1
+#: Of --shutdown_timeout_s, what the edges keep after the drain (at most half of it): time to write the
+#: answers of the requests failed at the drain's end and to close their connections.
+EDGES_STOP_S = 1.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics_port", type=int, default=9090, help="Port of the Prometheus /metrics endpoint (0: only on the HTTP port)."
     )
+    parser.add_argument(
+        "--shutdown_timeout_s",
+        type=positive_seconds,
+        default=20.0,
+        metavar="SECONDS",
+        help="On SIGTERM or SIGINT the server turns unready and refuses new requests (503 / UNAVAILABLE) at once, "
+        "answers the requests it accepted, then exits, within this many seconds: a request still unanswered then "
+        "fails with 503 (Triton's --exit-timeout-secs). Keep it below the pod's terminationGracePeriodSeconds "
+        "(Kubernetes' default 30) minus its preStop delay.",
+    )
     parser.add_argument("--log_format", choices=("text", "json"), default="text", help="json: one JSON object per log line.")
+    parser.add_argument(
+        "--enable_access_log",
+        action="store_true",
+        help="Log one line per HTTP request (uvicorn's access log). Off by default, as in Triton: at thousands of "
+        "requests a second the line costs more than serving a small request.",
+    )
     security = parser.add_argument_group(
         "security",
         "TLS: --ssl_certfile and --ssl_keyfile secure both the REST and the gRPC port. Authentication is off unless "
@@ -90,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
     )
     return parser
+
+
+def positive_seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {value}")
+    return seconds
 
 
 def byte_count(value: str) -> int:
@@ -128,6 +160,7 @@ class AscendModelServer(kserve.ModelServer):
         self.startup_models = startup_models or []
         self.repository = repository
         self._stopping = asyncio.Event()  # ends poll mode's watch, so shutdown is not held up by it
+        self._shutdown: asyncio.Task | None = None
         self.ascend_dataplane = DataPlane(repository, explicit_control=control_mode == "explicit")
         self._registered: dict[str, Model] = {}
 
@@ -135,10 +168,11 @@ class AscendModelServer(kserve.ModelServer):
         """Each model of the repository as a kserve.Model in KServe's registry (its V1 routes, its tooling)."""
         for name, model in list(self.repository.models.items()):
             if self._registered.get(name) is not model:
-                self.register_model(AscendModel(model))
+                self.register_model(AscendModel(model, self.ascend_dataplane))
                 self._registered[name] = model
 
-    async def _load_models(self) -> None:
+    async def load_models(self) -> None:
+        """The start-up load, then (poll mode) the repository followed until `stop_watching`."""
         names = list(self.repository.models)
         if self.control_mode == "explicit" and "*" not in self.startup_models:
             names = self.startup_models
@@ -154,72 +188,165 @@ class AscendModelServer(kserve.ModelServer):
             async for _ in self.repository.follow(self._stopping):
                 self._register_models()
 
-    def _grpc_credentials(self):
-        """TLS with REST's certificate and key (both or neither, checked by main), reloaded when they change."""
-        if not self.ssl_certfile:
-            return None
-        try:
-            return CertificateFiles(self.ssl_certfile, self.ssl_keyfile).credentials()
-        except OSError as error:
-            raise SystemExit(f"kserve-ascend: cannot read the TLS certificate or key: {error}") from None
-
-    def stop(self, sig: int) -> None:
-        # A signal handler, run on the loop's thread between two steps: set the event from the loop.
-        asyncio.get_running_loop().call_soon(self._stopping.set)
-        super().stop(sig)
+    def stop_watching(self) -> None:
+        """Ends poll mode's watch, so that shutdown is not held up by it (on the loop's thread)."""
+        self._stopping.set()
 
     def start(self, models: list | None = None) -> None:
+        """Serves in this one process: the edges and the models together (`--workers N` > 1 runs `engine.Engine`)."""
         if self.workers != 1:
-            # Every worker process would load its own copy of each model on the NPU and batch alone.
-            raise SystemExit("--workers must be 1: scale kserve-ascend with replicas, one process per NPU set")
+            raise ValueError("one process serves --workers 1; kserve_ascend.server.engine.Engine serves more")
         self._register_models()
         metrics.register(self.repository, self.metrics_port)
-        self._rest_server = RESTServer(
-            FASTAPI_APP_IMPORT_STRING,
-            self.dataplane,
-            self.model_repository_extension,
-            self.http_port,
-            access_log_format=self.access_log_format,
-            grace_period=self.grace_period,
-            event_loop=self.event_loop,
-            timeout_keep_alive=self.timeout_keep_alive,
-            ssl_certfile=self.ssl_certfile,
-            ssl_keyfile=self.ssl_keyfile,
-        )
-        # KServe's server (uvicorn, TLS refresh) and its routes, in front of which go the OIP routes.
-        self._rest_server.config.app = rest.application(
-            self.ascend_dataplane, model_server.app, self.http_max_input_size, self.authenticator
-        )
-        self.servers = [self._rest_server.start(), self._load_models()]
-        if self.enable_grpc:
-            self._grpc_server = GrpcServer(
-                self.grpc_port,
-                self.ascend_dataplane,
-                self.grpc_options,
-                self.grace_period,
-                credentials=self._grpc_credentials(),
-                interceptors=[GrpcAuthentication(self.authenticator)] if self.authenticator else [],
-            )
-            self.servers.append(self._grpc_server.start())
+        self.servers = serve_edges(self, self.ascend_dataplane)
         self.setup_event_loop()
-        self.register_signal_handler()
         try:
             asyncio.run(self._serve())
         finally:
             self.ascend_dataplane.shm.close()  # unmaps the regions clients left registered
 
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            loop.add_signal_handler(sig, self.stop, sig)
+        loading = asyncio.create_task(self.load_models())
+        await asyncio.gather(*self.servers)  # until `stop` has drained the models and stopped the edges
+        loading.cancel()
+        self.ascend_dataplane.close()  # nothing is in flight: the devices go
+        log.info("server stopped")
 
-def _log_like_kserve(log_format: str) -> None:
-    """This package logs through the handlers KServe configured, at INFO; every line names its request."""
+    def stop(self, sig: int | None = None) -> None:
+        """SIGTERM, SIGINT or SIGQUIT (KServe's `stop`, made graceful): begins the shutdown, once."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.get_running_loop().create_task(self._shut_down())
+
+    async def _shut_down(self) -> None:
+        """Unready and refusing new requests at once; the accepted ones answered (or failed at the deadline);
+        then the edges stop, all within --shutdown_timeout_s (KServe's `grace_period`: see `server_options`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_period
+        log.info("shutting down: unready, refusing new requests, answering those accepted within %g s", self.grace_period)
+        self.stop_watching()
+        self.ascend_dataplane.stop_accepting()
+        try:
+            await self.ascend_dataplane.drain(self.grace_period - min(EDGES_STOP_S, self.grace_period / 2))
+        except Exception:  # a fault of the drain must not keep the server from stopping
+            log.exception("draining the models failed: stopping now")
+        stop_edges(self, max(deadline - loop.time(), 0))
+
+
+def serve_edges(server: kserve.ModelServer, dataplane, http_socket: socket.socket | None = None) -> list[Awaitable]:
+    """The REST edge (KServe's uvicorn server and routes, in front of which go the OIP routes) and the gRPC edge,
+    over `dataplane`: what serves them, to await.
+
+    `server` also carries this project's edge settings (`grpc_options`, `http_max_input_size`,
+    `authenticator`). One process binds both ports itself, the gRPC port exclusively (no
+    other process can bind it beside ours, grpcio's default SO_REUSEPORT would allow that);
+    a frontend of `--workers N` serves the HTTP socket the engine made for it and binds the
+    gRPC port with SO_REUSEPORT beside the other frontends (grpcio takes no socket).
+    """
+    server._rest_server = RESTServer(
+        FASTAPI_APP_IMPORT_STRING,
+        server.dataplane,
+        server.model_repository_extension,
+        server.http_port,
+        access_log_format=server.access_log_format,
+        grace_period=server.grace_period,
+        event_loop=server.event_loop,
+        timeout_keep_alive=server.timeout_keep_alive,
+        ssl_certfile=server.ssl_certfile,
+        ssl_keyfile=server.ssl_keyfile,
+    )
+    server._rest_server.config.app = ClosesWhenStopping(
+        rest.application(dataplane, model_server.app, server.http_max_input_size, server.authenticator), dataplane
+    )
+    # uvicorn would take SIGTERM and SIGINT for itself and close its port at once; the server stops it
+    # (`stop_edges`) once the models have drained, refusing new requests with 503 meanwhile.
+    server._rest_server._server.capture_signals = contextlib.nullcontext
+    if http_socket is None:
+        serving = [server._rest_server.start()]
+    else:
+        server._rest_server.create_application()  # KServe's routes, as its start() adds them
+        serving = [server._rest_server._server.serve(sockets=[http_socket])]
+    if server.enable_grpc:
+        server._grpc_server = GrpcServer(
+            server.grpc_port,
+            dataplane,
+            [*server.grpc_options, ("grpc.so_reuseport", int(http_socket is not None))],
+            server.grace_period,
+            credentials=_grpc_credentials(server.ssl_certfile, server.ssl_keyfile),
+            interceptors=[GrpcAuthentication(server.authenticator)] if server.authenticator else [],
+        )
+        serving.append(server._grpc_server.start())
+    return serving
+
+
+class ClosesWhenStopping:
+    """The REST app, whose every answer closes its connection (`Connection: close`) once the server is
+    shutting down (`dataplane.stopping`), as a draining proxy does.
+
+    The client's next request then goes out on a new connection: to another replica, through
+    a balancer, or refused outright once this server stops listening. On a kept-alive
+    connection it could meet the server closing that connection as it arrives, which the
+    client cannot tell from a request lost (HTTP/1.1's keep-alive race, RFC 9112 §9.3.1).
+    """
+
+    def __init__(self, app: ASGIApp, dataplane):
+        self.app = app
+        self.dataplane = dataplane
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        dataplane = self.dataplane
+
+        async def answer(message: Message) -> None:
+            if dataplane.stopping and message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
+            await send(message)
+
+        await self.app(scope, receive, answer)
+
+
+def stop_edges(server: kserve.ModelServer, grace: float) -> None:
+    """Both edges stop accepting; what they accepted gets `grace` seconds to be answered, then is cancelled."""
+    if server._rest_server is not None:
+        uvicorn = server._rest_server._server
+        uvicorn.config.timeout_graceful_shutdown = grace
+        uvicorn.should_exit = True
+    if server._grpc_server is not None:
+        server._grpc_server.grace_period = grace
+        asyncio.get_running_loop().create_task(server._grpc_server.stop())
+
+
+def _grpc_credentials(certfile: str | None, keyfile: str | None):
+    """TLS with REST's certificate and key (both or neither, checked by main), reloaded when they change."""
+    if not certfile:
+        return None
+    try:
+        return CertificateFiles(certfile, keyfile).credentials()
+    except OSError as error:
+        raise SystemExit(f"kserve-ascend: cannot read the TLS certificate or key: {error}") from None
+
+
+def _log_like_kserve(log_format: str, access_log: bool = False) -> None:
+    """This package logs through the handlers KServe configured, at INFO; every line names its request.
+
+    uvicorn writes an access line per request while its logger has a handler, so without
+    `access_log` the logger has none (and passes nothing on to the root's).
+    """
     ascend = logging.getLogger("kserve_ascend")
     ascend.setLevel(logging.INFO)
     ascend.propagate = False  # written once, by KServe's handlers, not again by the root's (json)
     for handler in logging.getLogger("kserve").handlers:
         ascend.addHandler(handler)
+    if not access_log:
+        access = logging.getLogger("uvicorn.access")
+        access.handlers, access.propagate = [], False
     logs.configure(log_format)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     known, _ = parser.parse_known_args(argv)
     if known.config:
@@ -230,24 +357,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         parser.error("--ssl_certfile and --ssl_keyfile go together: they secure the REST and the gRPC port")
-    authenticator = Authenticator.from_files(
-        args.auth_token_file, args.auth_jwt_public_key, args.auth_jwt_issuer, args.auth_jwt_audience
-    )
-    try:
-        repository = Repository(Path(args.model_dir))
-    except FileNotFoundError as error:
-        raise SystemExit(f"kserve-ascend: {error}") from None
-    server = AscendModelServer(
-        repository,
-        control_mode=args.model_control_mode,
-        startup_models=args.load_model,
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.workers > 1 and not (hasattr(os, "memfd_create") and hasattr(socket, "SO_REUSEPORT")):
+        parser.error("--workers N > 1 needs Linux: its frontends share memfd shared memory and SO_REUSEPORT ports")
+    return args
+
+
+def server_options(args: argparse.Namespace) -> dict:
+    """What the edges are made of, from the flags: the same in the one process and in every frontend."""
+    return dict(
         grpc_options=[
             ("grpc.max_send_message_length", args.grpc_max_send_message_length),
             ("grpc.max_receive_message_length", args.grpc_max_receive_message_length),
         ],
-        metrics_port=args.metrics_port,
         http_max_input_size=args.http_max_input_size,
-        authenticator=authenticator,
+        authenticator=Authenticator.from_files(
+            args.auth_token_file, args.auth_jwt_public_key, args.auth_jwt_issuer, args.auth_jwt_audience
+        ),
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=args.workers,
@@ -261,8 +388,49 @@ def main(argv: list[str] | None = None) -> None:
         timeout_keep_alive=args.timeout_keep_alive,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        # KServe's grace period is uvicorn's timeout_graceful_shutdown and gRPC's stop grace, which
+        # each start when their edge stops. One flag bounds the whole shutdown instead: the edges
+        # stop only once the models have drained, and get what is left of it (`stop_edges`).
+        grace_period=args.shutdown_timeout_s,
     )
-    _log_like_kserve(args.log_format)
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """Exits with one line naming a port another process holds, before anything starts."""
+    ports.check_free(args.http_port, ports.HTTP)
+    if args.enable_grpc:
+        ports.check_free(args.grpc_port, ports.GRPC)
+    if args.metrics_port:
+        ports.check_free(args.metrics_port, ports.METRICS)
+
+
+def configure_process(args: argparse.Namespace) -> None:
+    """Logging and tracing as the flags ask, in the one process, the engine and every frontend."""
+    _log_like_kserve(args.log_format, args.enable_access_log)
     if args.enable_tracing:
         tracing.enable()
-    server.start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    check_ports(args)
+    options = server_options(args)
+    try:
+        repository = Repository(Path(args.model_dir))
+    except FileNotFoundError as error:
+        raise SystemExit(f"kserve-ascend: {error}") from None
+    server = AscendModelServer(
+        repository,
+        control_mode=args.model_control_mode,
+        startup_models=args.load_model,
+        metrics_port=args.metrics_port,
+        **options,
+    )
+    configure_process(args)
+    if args.workers > 1:
+        from .engine import Engine
+
+        # This process owns the NPUs and batches; `--workers` frontend processes serve the ports.
+        Engine(server, args).run()
+    else:
+        server.start()

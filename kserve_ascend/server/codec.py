@@ -3,10 +3,13 @@
 Decoding is where client mistakes are caught: every malformed field raises
 `InvalidInput` with a message naming it. Nothing here knows about models. Tensors in
 shared memory (Triton's extension) are looked up in the registry the edge passes in.
+
+The edges decode and encode a large body off the event loop (`offload`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
 from dataclasses import dataclass, field
@@ -21,6 +24,8 @@ from ..core import datatypes
 from ..core.classification import classification_count
 from ..core.errors import InvalidInput
 from .shm import SharedMemoryRegistry
+
+log = logging.getLogger(__name__)
 
 #: Header of the binary tensor data extension: length of the JSON part of the body.
 HEADER_LENGTH = "inference-header-content-length"
@@ -119,8 +124,10 @@ def json_numbers(data: Any, datatype: str, what: str) -> np.ndarray:
         array = _exact_integers(data, what, datatype)  # e.g. UINT64 values past INT64's range
     if array.size and array.dtype.kind not in _JSON_KINDS[dtype.kind]:
         raise InvalidInput(f"{what} holds {array.dtype.kind!r}-kind values, not {datatype}")
-    if dtype.kind in "iu" and array.size and (array.min() < np.iinfo(dtype).min or array.max() > np.iinfo(dtype).max):
-        raise InvalidInput(f"{what} has values out of the range of {datatype}")
+    if dtype.kind in "iu" and array.size and not np.can_cast(array.dtype, dtype):
+        low, high = _INTEGER_RANGES[dtype]
+        if array.min() < low or array.max() > high:
+            raise InvalidInput(f"{what} has values out of the range of {datatype}")
     return array.astype(dtype, copy=False)
 
 
@@ -139,6 +146,11 @@ def _exact_integers(data: Any, what: str, datatype: str) -> np.ndarray:
 
 # numpy kinds of JSON values acceptable for each target kind: ints widen to floats, never the reverse.
 _JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+_INTEGER_RANGES = {
+    dtype: (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    for dtype in map(datatypes.to_numpy, datatypes.OIP_DATATYPES)
+    if dtype.kind in "iu"
+}
 
 
 def _from_binary(
@@ -243,8 +255,8 @@ def decode_rest(body: bytes, header_length: str | None, shm: SharedMemoryRegistr
         shape = _shape(item.get("shape"), what)
         datatype = _datatype(item.get("datatype"), what)
         params = _field(item, "parameters", dict, what, required=False) or {}
-        placed = _shm_slice(params, shm, what)
-        size = params.get("binary_data_size")
+        placed = _shm_slice(params, shm, what) if params else None
+        size = params.get("binary_data_size") if params else None
         if placed is not None:
             if size is not None or item.get("data") is not None:
                 raise InvalidInput(f"{what} is in shared memory and must not also have 'data' or 'binary_data_size'")
@@ -376,28 +388,32 @@ def _grpc_parameters(parameters: Mapping[str, pb.InferParameter]) -> dict[str, A
 def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> InferRequest:
     """Decodes a gRPC ModelInferRequest, with raw or typed input contents, or in shared memory."""
     raw = request.raw_input_contents
-    placements = [_shm_slice(_grpc_parameters(t.parameters), shm, f"input '{t.name}'") for t in request.inputs]
-    mixed = next((t.name for t in request.inputs if raw and t.HasField("contents")), None)
+    tensors = request.inputs
+    placements = [
+        _shm_slice(_grpc_parameters(t.parameters), shm, f"input '{t.name}'") if t.parameters else None for t in tensors
+    ]
+    mixed = next((t.name for t in tensors if t.HasField("contents")), None) if raw else None
     if mixed is not None:
         # Triton's words (server src/grpc/infer_handler.cc), which its grpc_explicit_*_content_client examples check.
         raise InvalidInput(
             f"contents field must not be specified when using raw_input_contents for '{mixed}' for model '{request.model_name}'"
         )
     # raw_input_contents holds, in order, the inputs that are not in shared memory (as in Triton).
-    in_band = sum(placed is None for placed in placements)
+    in_band = placements.count(None)
     if raw and len(raw) != in_band:
         outside = " outside shared memory" if in_band < len(placements) else ""
         raise InvalidInput(f"{len(raw)} raw_input_contents for {in_band} inputs{outside}")
     contents = iter(raw)
     inputs: dict[str, np.ndarray] = {}
-    for tensor, placed in zip(request.inputs, placements):
+    for tensor, placed in zip(tensors, placements):
         what = f"input '{tensor.name}'"
         if tensor.name in inputs:
             raise InvalidInput(f"{what} appears twice")
         datatype = _datatype(tensor.datatype, what)
-        if any(d < 0 for d in tensor.shape):
+        shape = tuple(tensor.shape)
+        if shape and min(shape) < 0:
             raise InvalidInput(f"'shape' of {what} must be non-negative")
-        shape = _bounded(tuple(tensor.shape), what)
+        shape = _bounded(shape, what)
         if placed is not None:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"{what} is in shared memory and must not also have contents")
@@ -423,6 +439,9 @@ def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> Inf
     classification: dict[str, int] = {}
     for requested in request.outputs:
         parameters = requested.parameters
+        if not parameters:
+            outputs[requested.name] = True
+            continue
         if "classification" in parameters:
             count = parameters["classification"]
             if count.WhichOneof("parameter_choice") != "int64_param":
@@ -438,7 +457,7 @@ def decode_grpc(request: pb.ModelInferRequest, shm: SharedMemoryRegistry) -> Inf
         inputs=inputs,
         id=request.id,
         outputs=outputs,
-        parameters=_grpc_parameters(request.parameters),
+        parameters=_grpc_parameters(request.parameters) if request.parameters else {},
         shm_outputs=shm_outputs,
         classification=classification,
     )
@@ -457,3 +476,6 @@ def encode_grpc(
         else:
             response.raw_output_contents.append(_tensor_bytes(array))
     return response
+
+
+# ---------------------------------------------------------------- off the event loop

@@ -12,20 +12,19 @@ src/data_compressor.h):
   reads it); an error answer never is (tritonclient reads those uncompressed).
 The inflated body is held to --http_max_input_size like a plain one: a body that inflates past
 it is answered 413 as soon as it does, so a small "zip bomb" cannot exhaust memory.
+
+The REST edge's inference route calls these (`rest.py`); no other route compresses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
-import re
 import zlib
 
-from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive
 
-INFER_PATH = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?/infer")
 CODINGS = ("gzip", "deflate")
 #: zlib's default level (Z_DEFAULT_COMPRESSION), Triton's.
 LEVEL = 6
@@ -53,6 +52,24 @@ def compress(body: bytes, coding: str) -> bytes:
     return gzip.compress(body, LEVEL, mtime=0) if coding == "gzip" else zlib.compress(body, LEVEL)
 
 
+async def compressed(body: bytes, coding: str) -> bytes:
+    """`body` compressed with `coding`: a small one on the event loop, a large one off it."""
+    return compress(body, coding) if len(body) < INLINE_BYTES else await asyncio.to_thread(compress, body, coding)
+
+
+def decoding(receive: Receive, content_encoding: str | None, limit: int) -> Receive:
+    """The request body as the endpoint reads it: inflated (gzip, deflate), as sent (identity), or refused.
+
+    Failures raise HTTPException, which the edge answers in the OIP error shape.
+    """
+    coding = (content_encoding or "").strip().lower() or "identity"
+    if coding in CODINGS:
+        return _inflating(receive, coding, limit)
+    if coding != "identity":
+        return _refusing(coding)
+    return receive
+
+
 def _refusing(coding: str) -> Receive:
     """A body that is never read: its coding is not one this server reads."""
 
@@ -65,76 +82,29 @@ def _refusing(coding: str) -> Receive:
     return refusing_receive
 
 
-class Compression:
-    """Inflates compressed inference requests and compresses inference responses (see the module)."""
+def _inflating(receive: Receive, coding: str, limit: int) -> Receive:
+    # wbits 15 | 32: a gzip or a zlib stream, told apart by its header (Triton's inflateInit2(15 | 32)).
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)
+    size = 0
 
-    def __init__(self, app: ASGIApp, limit: int):
-        self.app = app
-        self.limit = limit
+    async def inflating_receive() -> Message:
+        nonlocal size
+        message = await receive()
+        if message["type"] != "http.request":
+            return message
+        try:
+            # At most one byte past the limit: what shows it is passed, without inflating the rest.
+            # Off the event loop: a small chunk may inflate to many megabytes.
+            body = await asyncio.to_thread(inflater.decompress, message.get("body", b""), limit + 1 - size)
+        except zlib.error as error:
+            raise HTTPException(400, f"the request body is not valid {coding} data: {error}") from None
+        size += len(body)
+        if size > limit:
+            raise HTTPException(413, f"the request body inflates to more than {limit} bytes (--http_max_input_size)")
+        if inflater.unused_data:
+            raise HTTPException(400, f"the request body goes on after the end of its {coding} data")
+        if not message.get("more_body", False) and not inflater.eof:
+            raise HTTPException(400, f"the request body ends before the end of its {coding} data")
+        return {**message, "body": body}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and INFER_PATH.fullmatch(scope["path"]):
-            headers = Headers(scope=scope)
-            request_coding = headers.get("content-encoding", "").strip().lower() or "identity"
-            if request_coding in CODINGS:
-                receive = self._inflating(receive, request_coding)
-            elif request_coding != "identity":
-                receive = _refusing(request_coding)
-            coding = response_coding(headers.get("accept-encoding"))
-            if coding != "identity":
-                send = self._compressing(send, coding)
-        await self.app(scope, receive, send)
-
-    def _inflating(self, receive: Receive, coding: str) -> Receive:
-        """The body inflated as the endpoint reads it; failures raise HTTPException, answered in the OIP error shape."""
-        # wbits 15 | 32: a gzip or a zlib stream, told apart by its header (Triton's inflateInit2(15 | 32)).
-        inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)
-        size = 0
-
-        async def inflating_receive() -> Message:
-            nonlocal size
-            message = await receive()
-            if message["type"] != "http.request":
-                return message
-            try:
-                # At most one byte past the limit: what shows it is passed, without inflating the rest.
-                # Off the event loop: a small chunk may inflate to many megabytes.
-                body = await asyncio.to_thread(inflater.decompress, message.get("body", b""), self.limit + 1 - size)
-            except zlib.error as error:
-                raise HTTPException(400, f"the request body is not valid {coding} data: {error}") from None
-            size += len(body)
-            if size > self.limit:
-                raise HTTPException(
-                    413, f"the request body inflates to more than {self.limit} bytes (--http_max_input_size)"
-                )
-            if inflater.unused_data:
-                raise HTTPException(400, f"the request body goes on after the end of its {coding} data")
-            if not message.get("more_body", False) and not inflater.eof:
-                raise HTTPException(400, f"the request body ends before the end of its {coding} data")
-            return {**message, "body": body}
-
-        return inflating_receive
-
-    @staticmethod
-    def _compressing(send: Send, coding: str) -> Send:
-        """Compresses a 200 response sent whole (as the inference route sends it); passes anything else on."""
-        start: Message | None = None
-
-        async def compressing_send(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                start = message  # held until the body shows whether it is compressed
-                return
-            if start is not None:
-                if message["type"] == "http.response.body" and start["status"] == 200 and not message.get("more_body", False):
-                    body = message.get("body", b"")
-                    body = compress(body, coding) if len(body) < INLINE_BYTES else await asyncio.to_thread(compress, body, coding)
-                    headers = MutableHeaders(raw=list(start["headers"]))
-                    headers["Content-Encoding"] = coding
-                    headers["Content-Length"] = str(len(body))
-                    start, message = {**start, "headers": headers.raw}, {**message, "body": body}
-                await send(start)
-                start = None
-            await send(message)
-
-        return compressing_send
+    return inflating_receive

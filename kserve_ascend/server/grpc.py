@@ -20,6 +20,7 @@ from ..core.errors import AscendError, InvalidInput
 from ..core.stats import RequestTiming
 from . import logs
 from .codec import decode_grpc, encode_grpc
+from .offload import OFF_LOOP_BYTES, decode_grpc_off_loop, grpc_typed_bytes
 from .dataplane import DataPlane
 from .errors import grpc_code, unexpected
 from .shm import CUDA_SHM_UNSUPPORTED
@@ -41,6 +42,9 @@ def _answers_errors(rpc):
     its traceback); the server goes on serving.
 
     Also starts the call's log context, named by its `x-request-id` metadata if it has one.
+    A call its client cancels (or whose deadline passes) is cancelled here too: grpc.aio cancels the
+    task running it (grpc's aio/server.pyx.pxi, `_handle_cancellation_from_core`), which takes its
+    request out of the queue.
     """
 
     @functools.wraps(rpc)
@@ -48,6 +52,9 @@ def _answers_errors(rpc):
         logs.begin_request(_header(context, "x-request-id"))
         try:
             return await rpc(self, request, context)
+        except asyncio.CancelledError:
+            log.info("%s: cancelled (by its client, its deadline or the server stopping)", rpc.__name__)
+            raise
         except AscendError as error:
             code = grpc_code(error)
             (log.error if code is grpc.StatusCode.INTERNAL else log.info)("%s: %s", rpc.__name__, error)
@@ -137,7 +144,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             logs.begin_request(request.id)  # the OIP id names the request ahead of the metadata
         with tracing.infer_span(request.model_name, _trace_carrier(context), logs.request_id) as span:
             timing = RequestTiming()  # the server's work on the request starts once its message is in
-            infer_request = decode_grpc(request, self.dataplane.shm)
+            if grpc_typed_bytes(request) > OFF_LOOP_BYTES:
+                infer_request = await decode_grpc_off_loop(request, self.dataplane.shm)
+            else:
+                infer_request = decode_grpc(request, self.dataplane.shm)
             served, response = await self.dataplane.infer(
                 request.model_name, request.model_version, infer_request, timing, encode_grpc
             )

@@ -20,21 +20,34 @@ config asked, e.g. on the CPU instead of the CANN execution provider).
 
 KServe serves `prometheus_client.REGISTRY` at `/metrics` of the HTTP port; `register`
 adds the repository to it and, with `--metrics_port`, serves it on that port too.
+
+With `--workers N` the engine process holds the repository, so it holds the metrics:
+`engine_registry` gathers the repository's, the engine process's own and KServe's of
+every frontend (its V1 latency histograms, summed over the frontends by prometheus_client's
+multiprocess mode), and serves them on `--metrics_port`; a frontend answers `/metrics`
+on the HTTP port with the same families, asked of the engine at scrape time
+(`serve_from_engine`), so both ports show one set of numbers.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Callable, Iterator
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric, UnknownMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from ..core.model import ModelVersion
 from ..core.repository import Repository
 from ..core.stats import FAILURE_REASONS, LATENCY_BUCKETS_S
+from . import ports
 
 LABELS = ("model", "version")
 
@@ -179,5 +192,74 @@ def register(repository: Repository, port: int = 0) -> None:
     """Adds the repository's metrics to prometheus_client's registry; serves it on `port` too (0: no)."""
     REGISTRY.register(RepositoryCollector(repository))
     if port:
+        serve(port, REGISTRY)
+
+
+def serve(port: int, registry: CollectorRegistry) -> None:
+    """Serves `registry` on `port`, or exits naming the port (main checked it was free: another process took it since)."""
+    try:
         # A daemon thread of prometheus_client's: scrapes never wait for, nor hold, the event loop.
-        start_http_server(port)
+        start_http_server(port, registry=registry)
+    except OSError as error:
+        ports.refuse(port, ports.METRICS, error)
+
+
+# ---------------------------------------------------------------- --workers N
+
+
+def engine_registry(repository: Repository, frontends_dir: str, port: int = 0) -> CollectorRegistry:
+    """The engine's metrics: the repository's, its own process's, and what KServe counts in the frontends
+    (which write them to `frontends_dir`, their PROMETHEUS_MULTIPROC_DIR); served on `port` too (0: no)."""
+    registry = CollectorRegistry()
+    registry.register(RepositoryCollector(repository))
+    MultiProcessCollector(registry, frontends_dir)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    if port:
+        serve(port, registry)
+    return registry
+
+
+def families(registry: CollectorRegistry) -> list:
+    """The registry's metric families as JSON (for a frontend to serve): [name, help, type, unit, samples]."""
+    return [
+        [m.name, m.documentation, m.type, m.unit, [[s.name, s.labels, _number(s.value), s.timestamp] for s in m.samples]]
+        for m in registry.collect()
+    ]
+
+
+def _number(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)  # JSON has no infinities
+
+
+class EngineCollector(Collector):
+    """A frontend's metrics: the engine's families, asked of it at scrape time (`fetch`)."""
+
+    def __init__(self, fetch: Callable[[], list]):
+        self.fetch = fetch
+
+    def collect(self) -> Iterator[Metric]:
+        for name, documentation, kind, unit, samples in self.fetch():
+            metric = Metric(name, documentation, kind, unit)
+            for sample, labels, value, timestamp in samples:
+                metric.add_sample(sample, labels, float(value) if isinstance(value, str) else value, timestamp)
+            yield metric
+
+
+def serve_from_engine(fetch: Callable[[], list]) -> None:
+    """In a frontend: `/metrics` on the HTTP port serves the engine's families, and nothing of this process.
+
+    The process's own collectors go (the engine's describe the process that serves the
+    models), as do KServe's histograms: they still count here, in prometheus_client's
+    multiprocess files, and reach `/metrics` through the engine's sum of every frontend.
+    """
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, *_kserve_metrics()):
+        REGISTRY.unregister(collector)
+    REGISTRY.register(EngineCollector(fetch))
+
+
+def _kserve_metrics() -> list:
+    from kserve import metrics
+
+    return [metrics.PRE_HIST_TIME, metrics.POST_HIST_TIME, metrics.PREDICT_HIST_TIME, metrics.EXPLAIN_HIST_TIME]

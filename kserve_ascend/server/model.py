@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import kserve
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
@@ -17,6 +17,9 @@ from ..core.errors import AscendError, ModelLoadError
 from ..core.model import Model
 from .errors import http_status, unexpected
 
+if TYPE_CHECKING:
+    from .dataplane import DataPlane
+
 log = logging.getLogger(__name__)
 
 
@@ -25,16 +28,19 @@ class AscendModel(kserve.Model):
 
     The OIP edges of this server call the core directly; `predict` serves KServe's own
     data plane: its V1 routes (`POST /v1/models/{m}:predict`, see `v1`) and wherever
-    KServe hands the model an InferRequest.
+    KServe hands the model an InferRequest. `dataplane`: the one-process server's, whose
+    shutdown makes the model unready and refuses its requests as the OIP routes are refused
+    (a frontend's model reaches the engine's data plane, which does that itself).
     """
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, dataplane: DataPlane | None = None):
         self.model = model
+        self.dataplane = dataplane
         super().__init__(model.name)
 
     @property
     def ready(self) -> bool:
-        return self.model.ready
+        return self.model.ready and not (self.dataplane is not None and self.dataplane.stopping)
 
     @ready.setter
     def ready(self, value: bool) -> None:
@@ -65,6 +71,7 @@ class AscendModel(kserve.Model):
             except Exception as error:
                 log.exception("V1 predict of model '%s': unexpected error", self.name)
                 raise HTTPException(500, unexpected(error)) from None
+        self._check_accepting()
         served = self.model.version(payload.model_version)
         outputs = await served.infer({i.name: i.as_numpy() for i in payload.inputs})
         infer_outputs = []
@@ -79,9 +86,14 @@ class AscendModel(kserve.Model):
             infer_outputs=infer_outputs,
         )
 
+    def _check_accepting(self) -> None:
+        if self.dataplane is not None:
+            self.dataplane.check_accepting()
+
     async def _predict_v1(self, body: Any) -> dict:
         """A V1 body through the core: columns in one request; rows stacked into one request when the
         model batches, else each row a request of its own (an image per detection request)."""
+        self._check_accepting()
         layout, value, parameters = v1.parse(body)
         served = self.model.version()
         signature = served.signature

@@ -1,13 +1,18 @@
-"""The OIP v2 REST edge: Starlette routes that translate HTTP to the data plane and back.
+"""The OIP v2 REST edge: a plain ASGI application that translates HTTP to the data plane and back.
 
-Routes are plain Starlette endpoints (no pydantic models on the hot path): the body is
-decoded once by the codec and the response is encoded straight to bytes with orjson.
+The OIP routes are dispatched on the path by a dictionary and one regular expression, and
+answered with two ASGI messages: no framework request, response or router objects on a
+request's way, whose cost is most of a small request's handling. The body is decoded once
+by the codec and the answer encoded straight to bytes with orjson. Every other path goes to
+KServe's own app (V1 routes, /metrics, docs), behind the body limit as before.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
+import re
+from typing import Awaitable, Callable
 
 import orjson
 from starlette.applications import Starlette
@@ -15,105 +20,140 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core import tracing
 from ..core.errors import AscendError, InvalidInput
 from ..core.stats import RequestTiming
-from . import logs
+from . import compression, logs
 from .auth import Authenticator, RestAuthentication
-from .codec import HEADER_LENGTH, decode_rest, encode_rest, json_object
+from .codec import decode_rest, json_object
+from .offload import OFF_LOOP_BYTES, decode_rest_off_loop, encode_rest_off_loop, rest_json_bytes
 from .dataplane import DataPlane
-from .compression import Compression
 from .errors import http_status, unexpected
 from .shm import CUDA_SHM_UNSUPPORTED
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-
 #: Triton's default for `--http-max-input-size`: 64 MiB.
 DEFAULT_MAX_INPUT_SIZE = 64 * 2**20
 
+#: An answer: status, body, headers (ASGI's raw pairs, content-type first).
+Answer = tuple[int, bytes, list]
+#: An OIP endpoint: answers one call.
+Endpoint = Callable[["Call"], Awaitable[Answer]]
 
-def _json(content, status: int = 200) -> Response:
-    return Response(orjson.dumps(content), status_code=status, media_type=JSON)
+_JSON = [(b"content-type", b"application/json")]
+_EMPTY: Answer = (200, b"", [])
 
 
-def _error(message: str, status: int) -> Response:
-    return _json({"error": message}, status)
+def _json(content, status: int = 200) -> Answer:
+    return status, orjson.dumps(content), _JSON
 
 
-def _answers_errors(endpoint):
-    """Turns any error into `{"error": ...}`: a core error with its status, any other 500 (logged
-    with its traceback); the server goes on serving.
+def _error(message: str, status: int, headers: dict | None = None) -> Answer:
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    return status, orjson.dumps({"error": message}), _JSON + extra
 
-    Also starts the request's log context, named by its `x-request-id` header if it has one.
-    """
 
-    @functools.wraps(endpoint)
-    async def wrapper(request: Request) -> Response:
-        logs.begin_request(request.headers.get("x-request-id"))
-        try:
-            return await endpoint(request)
-        except AscendError as error:
-            status = http_status(error)
-            (log.error if status >= 500 else log.info)("%s %s: %s", request.method, request.url.path, error)
-            return _error(str(error), status)
-        except HTTPException:
-            raise  # raised while reading the body (too large, badly compressed): the app's handler answers it
-        except ClientDisconnect:
-            log.info("%s %s: the client went away before sending its whole body", request.method, request.url.path)
-            return Response(status_code=400)  # read by nobody
-        except Exception as error:
-            log.exception("%s %s: unexpected error", request.method, request.url.path)
-            return _error(unexpected(error), 500)
+async def _send(send: Send, answer: Answer) -> None:
+    status, body, headers = answer
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
 
-    return wrapper
+
+class Call:
+    """One OIP request on its way: what the endpoints read of it, taken from the headers in one pass."""
+
+    __slots__ = ("scope", "receive", "first", "second", "request_id", "header_length", "content_length",
+                 "content_encoding", "accept_encoding", "client_left")
+
+    def __init__(self, scope: Scope, receive: Receive, first: str | None, second: str | None):
+        self.scope, self.receive, self.first, self.second = scope, receive, first, second
+        self.request_id = self.header_length = self.content_length = self.content_encoding = self.accept_encoding = None
+        self.client_left = False  # set when the client went away while its request was served: its task is cancelled
+        for key, value in scope["headers"]:
+            if key == b"x-request-id":
+                self.request_id = value.decode("latin-1")
+            elif key == b"inference-header-content-length":
+                self.header_length = value.decode("latin-1")
+            elif key == b"content-length":
+                self.content_length = value
+            elif key == b"content-encoding":
+                self.content_encoding = value.decode("latin-1")
+            elif key == b"accept-encoding":
+                self.accept_encoding = value.decode("latin-1")
+
+    async def body(self) -> bytes:
+        """The whole body (its size held to the limit by `OipApplication`); ClientDisconnect if the client left."""
+        chunks = []
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def cancel_if_client_leaves(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task:
+        """Cancels the task serving this call if its client goes away (from now on: the body is read), which takes
+        its request out of the queue; cancel the watch returned once the answer is made.
+
+        The server learns of it from ASGI's `http.disconnect`, which `receive` returns once the body is
+        read only when the connection is lost (uvicorn's RequestResponseCycle.receive).
+        """
+        return loop.create_task(self._cancel_when_disconnected(asyncio.current_task(loop)))
+
+    async def _cancel_when_disconnected(self, serving: asyncio.Task) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.client_left = True
+        serving.cancel()
+
+    def headers(self) -> dict[str, str]:
+        """Every header by name (the last of repeated ones): the carrier of a client's trace context."""
+        return {k.decode("latin-1"): v.decode("latin-1") for k, v in self.scope["headers"]}
 
 
 class RestEndpoints:
-    def __init__(self, dataplane: DataPlane):
+    def __init__(self, dataplane: DataPlane, max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
         self.dataplane = dataplane
+        self.max_input_size = max_input_size
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's, once it serves
 
-    async def server_metadata(self, request: Request) -> Response:
+    async def server_metadata(self, call: Call) -> Answer:
         return _json(self.dataplane.metadata())
 
-    async def live(self, request: Request) -> Response:
+    async def live(self, call: Call) -> Answer:
         return _json({"live": True})
 
-    async def ready(self, request: Request) -> Response:
+    async def ready(self, call: Call) -> Answer:
         # OIP: 200 means ready, 4xx means not ready.
         ready = self.dataplane.ready()
         return _json({"ready": ready}, 200 if ready else 400)
 
-    async def model_metadata(self, request: Request) -> Response:
-        p = request.path_params
-        return _json(self.dataplane.model_metadata(p["model_name"], p.get("model_version")))
+    async def model_metadata(self, call: Call) -> Answer:
+        return _json(self.dataplane.model_metadata(call.first, call.second))
 
-    async def model_ready(self, request: Request) -> Response:
-        p = request.path_params
-        name, version = p["model_name"], p.get("model_version")
-        unready = self.dataplane.unready_reason(name, version)
+    async def model_ready(self, call: Call) -> Answer:
+        unready = self.dataplane.unready_reason(call.first, call.second)
         if unready:
             # Triton's status and words, for an unknown model or version as for one not loaded (OIP: 4xx is false).
             return _error(f"Model version not ready: {unready}", 400)
-        return _json({"name": name, "ready": True})
+        return _json({"name": call.first, "ready": True})
 
-    async def model_config(self, request: Request) -> Response:
-        p = request.path_params
-        return _json(self.dataplane.model_config(p["model_name"], p.get("model_version")))
+    async def model_config(self, call: Call) -> Answer:
+        return _json(self.dataplane.model_config(call.first, call.second))
 
-    async def statistics(self, request: Request) -> Response:
-        p = request.path_params
-        return _json(self.dataplane.statistics(p.get("model_name"), p.get("model_version")))
+    async def statistics(self, call: Call) -> Answer:
+        return _json(self.dataplane.statistics(call.first, call.second))
 
-    async def repository_index(self, request: Request) -> Response:
+    async def repository_index(self, call: Call) -> Answer:
         return _json(self.dataplane.index())
 
-    async def load_model(self, request: Request) -> Response:
-        body = await request.body()
+    async def load_model(self, call: Call) -> Answer:
+        body = await call.body()
         parameters = (json_object(body) if body else {}).get("parameters") or {}
         if not isinstance(parameters, dict):
             raise InvalidInput("'parameters' must be an object")
@@ -122,118 +162,231 @@ class RestEndpoints:
         config = parameters.get("config")
         if config is not None and not isinstance(config, str):
             raise InvalidInput("the 'config' parameter must be a string holding the ModelConfig as JSON")
-        await self.dataplane.load_model(request.path_params["model_name"], config)
-        return Response()
+        await self.dataplane.load_model(call.first, config)
+        return _EMPTY
 
-    async def unload_model(self, request: Request) -> Response:
-        await self.dataplane.unload_model(request.path_params["model_name"])
-        return Response()
+    async def unload_model(self, call: Call) -> Answer:
+        await self.dataplane.unload_model(call.first)
+        return _EMPTY
 
-    async def infer(self, request: Request) -> Response:
-        p = request.path_params
-        with tracing.infer_span(p["model_name"], request.headers, logs.request_id) as span:
-            body = await request.body()
+    async def infer(self, call: Call) -> Answer:
+        """Inference, with Triton's compression of the request body and of a successful answer."""
+        if call.content_encoding is not None:
+            call.receive = compression.decoding(call.receive, call.content_encoding, self.max_input_size)
+        span_context = tracing.infer_span(call.first, call.headers() if tracing.enabled else None, logs.request_id)
+        with span_context as span:
+            body = await call.body()
             timing = RequestTiming()  # the server's work on the request starts once its body is in
-            infer_request = decode_rest(body, request.headers.get(HEADER_LENGTH), self.dataplane.shm)
-            if infer_request.id:
-                logs.begin_request(infer_request.id)  # the OIP id names the request ahead of the header
-            served, (answer, header_length) = await self.dataplane.infer(
-                p["model_name"], p.get("model_version"), infer_request, timing, encode_rest
-            )
+            if rest_json_bytes(body, call.header_length) > OFF_LOOP_BYTES:
+                request = await decode_rest_off_loop(body, call.header_length, self.dataplane.shm)
+            else:
+                request = decode_rest(body, call.header_length, self.dataplane.shm)
+            if request.id:
+                logs.begin_request(request.id)  # the OIP id names the request ahead of the header
+            loop = self._loop
+            if loop is None:  # once: on CPython 3.11 each get_running_loop() is a getpid() system call
+                self._loop = loop = asyncio.get_running_loop()
+            watch = call.cancel_if_client_leaves(loop)
+            try:
+                served, (answer, header_length) = await self.dataplane.infer(call.first, call.second, request, timing, encode_rest_off_loop)
+            finally:
+                watch.cancel()
             if span is not None:
                 span.set_attribute(tracing.MODEL_VERSION, served.version)
         if header_length is None:
-            return Response(answer, media_type=JSON)
-        return Response(
-            answer,
-            media_type="application/octet-stream",
-            headers={"Inference-Header-Content-Length": str(header_length)},
-        )
+            headers = _JSON
+        else:
+            headers = [(b"content-type", b"application/octet-stream"), (b"inference-header-content-length", b"%d" % header_length)]
+        if call.accept_encoding is not None:
+            coding = compression.response_coding(call.accept_encoding)
+            if coding != "identity":
+                answer = await compression.compressed(answer, coding)
+                headers = [*headers, (b"content-encoding", coding.encode())]
+        return 200, answer, headers
 
-    async def shm_status(self, request: Request) -> Response:
-        return _json(self.dataplane.shm.status(request.path_params.get("region_name", "")))
+    async def shm_status(self, call: Call) -> Answer:
+        return _json(self.dataplane.shm.status(call.first or ""))
 
-    async def shm_register(self, request: Request) -> Response:
-        body = json_object(await request.body())
-        self.dataplane.shm.register(
-            request.path_params["region_name"], body.get("key"), body.get("offset", 0), body.get("byte_size")
-        )
-        return Response()
+    async def shm_register(self, call: Call) -> Answer:
+        body = json_object(await call.body())
+        self.dataplane.shm.register(call.first, body.get("key"), body.get("offset", 0), body.get("byte_size"))
+        return _EMPTY
 
-    async def shm_unregister(self, request: Request) -> Response:
-        self.dataplane.shm.unregister(request.path_params.get("region_name", ""))
-        return Response()
+    async def shm_unregister(self, call: Call) -> Answer:
+        self.dataplane.shm.unregister(call.first or "")
+        return _EMPTY
 
-    async def cuda_shm_status(self, request: Request) -> Response:
-        if "region_name" in request.path_params:
-            raise InvalidInput(f"Unable to find cuda shared memory region: '{request.path_params['region_name']}'")
+    async def cuda_shm_status(self, call: Call) -> Answer:
+        if call.first is not None:
+            raise InvalidInput(f"Unable to find cuda shared memory region: '{call.first}'")
         return _json([])
 
-    async def cuda_shm_register(self, request: Request) -> Response:
+    async def cuda_shm_register(self, call: Call) -> Answer:
         raise InvalidInput(CUDA_SHM_UNSUPPORTED)
 
-    async def cuda_shm_unregister(self, request: Request) -> Response:
-        return Response()  # no CUDA region can be registered, so there is none to unregister
+    async def cuda_shm_unregister(self, call: Call) -> Answer:
+        return _EMPTY  # no CUDA region can be registered, so there is none to unregister
 
-    def routes(self) -> list[Route]:
-        model = "/v2/models/{model_name}"
-        version = model + "/versions/{model_version}"
-        table = [
-            ("/v2", self.server_metadata, "GET"),
-            ("/v2/health/live", self.live, "GET"),
-            ("/v2/health/ready", self.ready, "GET"),
+    def static_routes(self) -> dict[str, dict[str, Endpoint]]:
+        """Paths without parameters -> {method: endpoint}."""
+        routes = {
+            "/v2": {"GET": self.server_metadata},
+            "/v2/health/live": {"GET": self.live},
+            "/v2/health/ready": {"GET": self.ready},
             # The probe paths of MindIE's deployment guide (manifests/mindie), answered as the two above.
-            ("/health", self.live, "GET"),
-            ("/ready", self.ready, "GET"),
-            ("/v2/repository/index", self.repository_index, "POST"),
-            ("/v2/repository/models/{model_name}/load", self.load_model, "POST"),
-            ("/v2/repository/models/{model_name}/unload", self.unload_model, "POST"),
-            ("/v2/models/stats", self.statistics, "GET"),
-        ]
-        for shm, status, register, unregister in (
-            ("/v2/systemsharedmemory", self.shm_status, self.shm_register, self.shm_unregister),
-            ("/v2/cudasharedmemory", self.cuda_shm_status, self.cuda_shm_register, self.cuda_shm_unregister),
+            "/health": {"GET": self.live},
+            "/ready": {"GET": self.ready},
+            "/v2/repository/index": {"POST": self.repository_index},
+            "/v2/models/stats": {"GET": self.statistics},
+        }
+        for shm, status, unregister in (
+            ("/v2/systemsharedmemory", self.shm_status, self.shm_unregister),
+            ("/v2/cudasharedmemory", self.cuda_shm_status, self.cuda_shm_unregister),
         ):
-            region = shm + "/region/{region_name}"
-            table += [
-                (shm + "/status", status, "GET"),
-                (region + "/status", status, "GET"),
-                (region + "/register", register, "POST"),
-                (shm + "/unregister", unregister, "POST"),
-                (region + "/unregister", unregister, "POST"),
-            ]
-        for prefix in (model, version):
-            table += [
-                (prefix, self.model_metadata, "GET"),
-                (prefix + "/ready", self.model_ready, "GET"),
-                (prefix + "/config", self.model_config, "GET"),
-                (prefix + "/stats", self.statistics, "GET"),
-                (prefix + "/infer", self.infer, "POST"),
-            ]
-        return [Route(path, _answers_errors(endpoint), methods=[method]) for path, endpoint, method in table]
+            routes[shm + "/status"] = {"GET": status}
+            routes[shm + "/unregister"] = {"POST": unregister}
+        return routes
+
+    def model_routes(self) -> dict[str, dict[str, Endpoint]]:
+        """What follows /v2/models/<name>[/versions/<version>] -> {method: endpoint}."""
+        return {
+            "": {"GET": self.model_metadata},
+            "/ready": {"GET": self.model_ready},
+            "/config": {"GET": self.model_config},
+            "/stats": {"GET": self.statistics},
+            "/infer": {"POST": self.infer},
+        }
+
+    def region_routes(self) -> dict[tuple[str, str], dict[str, Endpoint]]:
+        """(extension, action) of /v2/<extension>/region/<name>/<action> -> {method: endpoint}."""
+        return {
+            ("systemsharedmemory", "status"): {"GET": self.shm_status},
+            ("systemsharedmemory", "register"): {"POST": self.shm_register},
+            ("systemsharedmemory", "unregister"): {"POST": self.shm_unregister},
+            ("cudasharedmemory", "status"): {"GET": self.cuda_shm_status},
+            ("cudasharedmemory", "register"): {"POST": self.cuda_shm_register},
+            ("cudasharedmemory", "unregister"): {"POST": self.cuda_shm_unregister},
+        }
+
+
+#: A path segment is what Starlette's `{name}` matched: anything but a slash.
+_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(|/ready|/config|/stats|/infer)")
+_REPOSITORY_PATH = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
+_REGION_PATH = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory)/region/([^/]+)/(status|register|unregister)")
+
+
+class OipApplication:
+    """The OIP routes, then `fallback` (KServe's app) for every path or method they do not serve.
+
+    Each OIP request starts its log context (named by its `x-request-id` header if it has one)
+    and any error answers `{"error": ...}`: a core error with its status, any other 500 (logged
+    with its traceback); the server goes on serving. A body over `max_input_size` is answered
+    413 unread (with a Content-Length) or as soon as the count passes it (chunked).
+    """
+
+    def __init__(self, dataplane: DataPlane, fallback: ASGIApp, max_input_size: int = DEFAULT_MAX_INPUT_SIZE):
+        endpoints = RestEndpoints(dataplane, max_input_size)
+        self.fallback = fallback
+        self.max_input_size = max_input_size
+        self.too_large = f"the request body is larger than {max_input_size} bytes (--http_max_input_size)"
+        self._static = endpoints.static_routes()
+        self._model = endpoints.model_routes()
+        self._region = endpoints.region_routes()
+        self._repository = {"load": {"POST": endpoints.load_model}, "unload": {"POST": endpoints.unload_model}}
+
+    def _route(self, path: str) -> tuple[dict[str, Endpoint], str | None, str | None] | None:
+        methods = self._static.get(path)
+        if methods is not None:
+            return methods, None, None
+        if path.startswith("/v2/models/"):
+            match = _MODEL_PATH.fullmatch(path)
+            if match is not None:
+                name, version, action = match.groups()
+                return self._model[action], name, version
+        elif path.startswith("/v2/repository/"):
+            match = _REPOSITORY_PATH.fullmatch(path)
+            if match is not None:
+                return self._repository[match[2]], match[1], None
+        elif path.endswith(("/status", "/register", "/unregister")):
+            match = _REGION_PATH.fullmatch(path)
+            if match is not None:
+                return self._region[match[1], match[3]], match[2], None
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            route = self._route(scope["path"])
+            if route is not None:
+                methods, first, second = route
+                method = scope["method"]
+                endpoint = methods.get("GET" if method == "HEAD" else method)
+                if endpoint is not None:
+                    return await _send(send, await self._answer(endpoint, Call(scope, receive, first, second)))
+        await self.fallback(scope, receive, send)
+
+    async def _answer(self, endpoint: Endpoint, call: Call) -> Answer:
+        logs.begin_request(call.request_id)
+        try:
+            if call.content_length is None:
+                call.receive = _counting(call.receive, self.max_input_size, self.too_large)
+            elif int(call.content_length) > self.max_input_size:  # the HTTP parser refused one that is no number
+                raise HTTPException(413, self.too_large)
+            return await endpoint(call)
+        except AscendError as error:
+            status = http_status(error)
+            # A fault is an error; a refusal to retry (503: queue full, shutting down) is the server working as meant.
+            (log.error if status == 500 else log.info)("%s %s: %s", call.scope["method"], call.scope["path"], error)
+            return _error(str(error), status)
+        except HTTPException as error:  # reading the body: too large, badly compressed
+            log.info("%s %s: %d %s", call.scope["method"], call.scope["path"], error.status_code, error.detail)
+            return _error(str(error.detail), error.status_code, error.headers)
+        except ClientDisconnect:
+            log.info("%s %s: the client went away before sending its whole body", call.scope["method"], call.scope["path"])
+            return 400, b"", []  # read by nobody
+        except asyncio.CancelledError:
+            if not call.client_left:
+                raise
+            asyncio.current_task().uncancel()  # cancelled by `Call.cancel_if_client_leaves`, which is over
+            log.info("%s %s: the client went away before its answer: the request is cancelled", call.scope["method"], call.scope["path"])
+            return 400, b"", []  # read by nobody
+        except Exception as error:
+            log.exception("%s %s: unexpected error", call.scope["method"], call.scope["path"])
+            return _error(unexpected(error), 500)
+
+
+def _counting(receive: Receive, limit: int, message: str) -> Receive:
+    """`receive`, raising HTTPException 413 once the body it has read is over `limit` bytes."""
+    received = 0
+
+    async def counting_receive() -> Message:
+        nonlocal received
+        message_ = await receive()
+        received += len(message_.get("body", b""))
+        if received > limit:
+            raise HTTPException(413, message)
+        return message_
+
+    return counting_receive
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:
     """Unknown routes, wrong methods and unreadable bodies answer in the OIP error shape too."""
-    response = _error(str(error.detail), error.status_code)
-    response.headers.update(error.headers or {})
-    return response
+    return Response(orjson.dumps({"error": str(error.detail)}), error.status_code, error.headers, "application/json")
 
 
 async def _server_error(request: Request, error: Exception) -> Response:
-    """What escaped every route's own handling (a fault in a middleware) answers in the OIP error shape too.
+    """What escaped KServe's own handling answers in the OIP error shape too.
 
     Starlette raises the error again once this is sent, so uvicorn logs it with its traceback.
     """
-    return _error(unexpected(error), 500)
+    return Response(orjson.dumps({"error": unexpected(error)}), 500, media_type="application/json")
 
 
 class BodyLimit:
-    """Answers 413 to a request whose body is over `limit` bytes, reading no more of it than that.
+    """Answers 413 to a request for KServe's app whose body is over `limit` bytes, reading no more of it than that.
 
     A Content-Length over the limit is refused before the request is routed; a body
-    without one (chunked) is counted as the endpoint reads it. Requests within their
-    Content-Length pay one look at the headers (the HTTP parser holds the body to it).
+    without one (chunked) is counted as the endpoint reads it.
     """
 
     def __init__(self, app: ASGIApp, limit: int):
@@ -245,24 +398,11 @@ class BodyLimit:
         if scope["type"] == "http":
             length = next((value for key, value in scope["headers"] if key == b"content-length"), None)
             if length is None:
-                receive = self._counting(receive)
-            elif int(length) > self.limit:  # the HTTP parser has refused a Content-Length that is not a number
+                receive = _counting(receive, self.limit, self.message)
+            elif int(length) > self.limit:
                 log.info("%s %s: 413 %s", scope["method"], scope["path"], self.message)
-                return await _error(self.message, 413)(scope, receive, send)
+                return await _send(send, _error(self.message, 413))
         await self.app(scope, receive, send)
-
-    def _counting(self, receive: Receive) -> Receive:
-        received = 0
-
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.limit:
-                raise HTTPException(413, self.message)  # answered by the app's handler, in the OIP error shape
-            return message
-
-        return counting_receive
 
 
 def application(
@@ -270,20 +410,22 @@ def application(
     kserve_app: Starlette,
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     authenticator: Authenticator | None = None,
-) -> Starlette:
+) -> ASGIApp:
     """The OIP routes first, KServe's own app (V1 routes, /metrics, ...) for every other path.
 
     The OIP routes sit outside KServe's middleware stack (per-request timing logs,
-    telemetry), which costs more than the rest of a small request's handling. The token
-    check (when `authenticator` is given) and the body limit guard both; inference requests and
-    responses are compressed as Triton's are (see `compression`).
+    telemetry) and outside any framework, which cost more than the rest of a small
+    request's handling. The token check (when `authenticator` is given) guards both, and
+    the body limit both; inference requests and responses are compressed as Triton's are
+    (see `compression`).
     """
     kserve_app.add_exception_handler(HTTPException, _http_error)
-    middleware = [Middleware(BodyLimit, limit=max_input_size), Middleware(Compression, limit=max_input_size)]
-    if authenticator is not None:
-        middleware.insert(0, Middleware(RestAuthentication, authenticator=authenticator))  # before any body is read
-    return Starlette(
-        routes=[*RestEndpoints(dataplane).routes(), Mount("/", app=kserve_app)],
-        middleware=middleware,
+    kserve = Starlette(
+        routes=[Mount("/", app=kserve_app)],
+        middleware=[Middleware(BodyLimit, limit=max_input_size)],
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )
+    app: ASGIApp = OipApplication(dataplane, kserve, max_input_size)
+    if authenticator is not None:
+        app = RestAuthentication(app, authenticator)  # before any body is read
+    return app

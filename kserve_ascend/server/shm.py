@@ -3,7 +3,9 @@
 A region is a window (offset, byte_size) of a POSIX shared memory object the client made
 with shm_open and names by its key. Inputs are read from it in place and outputs written
 into it, so tensor data never travels in requests or responses. Both edges share one
-registry on the event loop, so it needs no lock.
+registry on the event loop, so it needs no lock. With `--workers N` the engine's registry
+is the one clients change (`remote.RemoteSharedMemory`); each frontend maps the same
+regions to decode and encode in place, and the engine reads inputs from its own mapping.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import mmap
 import os
 import stat
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..core.errors import InvalidInput
 
@@ -35,6 +39,11 @@ class Region:
     mapping: mmap.mmap
     #: Where the region starts in `mapping`: mmap offsets must be page-aligned, region offsets need not be.
     start: int
+    #: Where the region starts in this process's memory.
+    address: int = 0
+    #: Which registration this is: a region registered again under its name (another object, maybe under the
+    #: same key) has another.
+    serial: int = 0
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -43,6 +52,8 @@ class Region:
 class SharedMemoryRegistry:
     def __init__(self) -> None:
         self._regions: dict[str, Region] = {}
+        #: How many times a region was registered or unregistered.
+        self.changes = 0
 
     def register(self, name: str, key, offset, byte_size) -> None:
         """Maps `byte_size` bytes at `offset` of shared memory object `key` read-write as region `name`.
@@ -75,13 +86,16 @@ class SharedMemoryRegistry:
             mapping = mmap.mmap(fd, start + byte_size, offset=offset - start)
         finally:
             os.close(fd)  # the mapping keeps its own descriptor
-        self._regions[name] = Region(name, key, offset, byte_size, mapping, start)
+        address = np.frombuffer(mapping, np.uint8).ctypes.data + start
+        self.changes += 1
+        self._regions[name] = Region(name, key, offset, byte_size, mapping, start, address, self.changes)
         log.info("registered %s: %d bytes at offset %d of '%s'", what, byte_size, offset, key)
 
     def unregister(self, name: str = "") -> None:
         """Unregisters region `name`, or every region; an unknown name is no error (as in Triton)."""
         names = [name] if name else list(self._regions)
         for region in filter(None, (self._regions.pop(n, None) for n in names)):
+            self.changes += 1
             try:
                 region.mapping.close()
             except BufferError:
@@ -101,6 +115,10 @@ class SharedMemoryRegistry:
             raise InvalidInput(f"Unable to find system shared memory region: '{name}'")
         return [self._regions[name].status()]
 
+    def registrations(self) -> list[list]:
+        """Every region as [name, key, offset, byte_size, serial]: what another process maps to share the registry."""
+        return [[r.name, r.key, r.offset, r.byte_size, r.serial] for r in self._regions.values()]
+
     def view(self, name: str, offset: int, byte_size: int, what: str) -> memoryview:
         """The `byte_size` bytes at `offset` of region `name`, in place, for tensor `what`."""
         region = self._regions.get(name)
@@ -113,6 +131,17 @@ class SharedMemoryRegistry:
             )
         start = region.start + offset
         return memoryview(region.mapping)[start : start + byte_size]
+
+
+    def locate(self, array: np.ndarray) -> tuple[str, int] | None:
+        """(region, offset) of a contiguous array that lies in a registered region, else None."""
+        if not self._regions or not array.flags.c_contiguous or not array.nbytes:
+            return None
+        address = array.ctypes.data
+        for region in self._regions.values():
+            if region.address <= address and address + array.nbytes <= region.address + region.byte_size:
+                return region.name, address - region.address
+        return None
 
 
 def _check_integer(value, key: str, what: str, minimum: int) -> None:
