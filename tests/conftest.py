@@ -42,10 +42,20 @@ def write_faults(path: Path, entries: list) -> None:
     temporary.replace(path)
 
 
+#: Every port `free_port` has handed out in this test run.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, and never one this run handed out before: the kernel may give the same free
+    port to two calls in a row, and a server's HTTP, gRPC and metrics ports must differ."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
