@@ -1,9 +1,15 @@
-# Two commands do all the set-up: `make serve` and `make test` (`make bench` measures).
-PYTHON ?= python3.11
+# Two commands do all the set-up: `make serve` and `make test`. `make help` lists the rest.
+
+# Python 3.11: the first of python3.11, python3 and python on PATH that is 3.11, unless given
+# (make PYTHON=/opt/python3.11/bin/python3).
+PYTHON ?= $(firstword $(foreach p,python3.11 python3 python,$(shell command -v $(p) >/dev/null 2>&1 && $(p) -c 'import sys; print(sys.version_info[:2] == (3, 11))' 2>/dev/null | grep -qx True && echo $(p))))
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
-BENCH_STAMP := $(VENV)/.bench-installed
+# What serving needs (`.[cpu]`), then what `make triton`, `make test` and `make bench` add to it.
+SERVE_STAMP  := $(VENV)/.installed-serve
+TRITON_STAMP := $(VENV)/.installed-triton
+STAMP        := $(VENV)/.installed
+BENCH_STAMP  := $(VENV)/.bench-installed
 # The `ascend` install (onnxruntime-cann) beside the CPU one: the two cannot share a virtualenv.
 CANN_VENV  := $(VENV)/cann
 CANN_STAMP := $(CANN_VENV)/.installed
@@ -19,23 +25,57 @@ STORAGE_INITIALIZER_STAMP := $(STORAGE_INITIALIZER_VENV)/.installed
 MLSERVER_VENV  := $(VENV)/mlserver
 MLSERVER_STAMP := $(MLSERVER_VENV)/.installed
 
+# `make serve` and `make triton`: the repository and the ports (each has its server's defaults),
+# plus any further flags, e.g. make serve SERVE_ARGS='--model_control_mode poll --workers 2'.
 MODEL_DIR ?= model_repository
-HTTP_PORT ?= 8080
-GRPC_PORT ?= 8081
+serve: HTTP_PORT ?= 8080
+serve: GRPC_PORT ?= 8081
+serve: METRICS_PORT ?= 9090
+triton: HTTP_PORT ?= 8000
+triton: GRPC_PORT ?= 8001
+triton: METRICS_PORT ?= 8002
+# `make conformance`: the server the suite starts, kserve-ascend or triton.
+SERVER ?= kserve-ascend
 
-.PHONY: serve test triton models bench check-ascend clean
+.PHONY: help serve test triton conformance models bench check-ascend clean
 
-# Idempotent: reinstalls only when pyproject.toml changes.
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+help:
+	@echo 'make serve        serve MODEL_DIR (model_repository) on HTTP_PORT 8080, GRPC_PORT 8081, METRICS_PORT 9090;'
+	@echo '                  SERVE_ARGS adds flags (kserve-ascend --help lists them). Installs only what serving needs.'
+	@echo 'make test         every test, against real servers (installs the test toolchain, ~10 min)'
+	@echo 'make triton       real Triton 2.51 with the ascend backend on MODEL_DIR, ports 8000, 8001, 8002'
+	@echo 'make conformance  the OIP v2 conformance suite against a server it starts (SERVER=kserve-ascend or triton)'
+	@echo 'make bench        the benchmark against Triton, MLServer and stock KServe (~25 min; BENCH_ARGS=--quick: ~5 min)'
+	@echo 'make models       regenerate the committed model files from their seeds'
+	@echo 'make check-ascend check an Ascend host: CANN, pyACL, an NPU, the CANN execution provider'
+	@echo 'PYTHON=...        the Python 3.11 to build .venv with (found on PATH by default: $(or $(PYTHON),none))'
+
+# The virtualenv, from a Python 3.11 (the versions pyproject.toml allows), or why not.
+$(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "kserve-ascend needs Python 3.11, and none of python3.11, python3, python on PATH is 3.11" \
+	  "(python3 is $$(python3 --version 2>&1 | tail -1)). Install it (Debian 12: apt-get install python3 python3-venv;" \
+	  "Ubuntu 22.04+: apt-get install python3.11 python3.11-venv) or name it: make PYTHON=/path/to/python3.11" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV) || { echo "$(PYTHON) cannot make a virtualenv: install its venv module (Debian/Ubuntu: apt-get install python3.11-venv)" >&2; exit 1; }
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[cpu,test]'
+
+# Each stamp reinstalls only when pyproject.toml changes.
+$(SERVE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[cpu]'
 	touch $@
+
+$(TRITON_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[cpu,triton]'
+	touch $@
+
+# The test toolchain: serving's and Triton's installs are part of it.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[cpu,test]'
+	touch $@ $(SERVE_STAMP) $(TRITON_STAMP)
 
 # The install path of Ascend hosts, verified: `.[ascend]` brings onnxruntime-cann and no CPU
 # onnxruntime beside it, and `pip check` is clean. tests/test_cann_ep.py runs the CANN execution
 # provider in it against stub CANN libraries it compiles (hence the C and C++ compilers).
-$(CANN_STAMP): pyproject.toml
+$(CANN_STAMP): pyproject.toml | $(BIN)/python
 	command -v g++ >/dev/null || apt-get install -y -qq g++ || { apt-get update -qq && apt-get install -y -qq g++; }
 	test -x $(CANN_VENV)/bin/python || $(PYTHON) -m venv $(CANN_VENV)
 	$(CANN_VENV)/bin/pip install --quiet --upgrade pip
@@ -49,7 +89,7 @@ $(PERF_ANALYZER): $(STAMP) tools/perf_analyzer.py
 	$(BIN)/python tools/perf_analyzer.py
 	touch $@
 
-$(STORAGE_INITIALIZER_STAMP):
+$(STORAGE_INITIALIZER_STAMP): | $(BIN)/python
 	test -x $(STORAGE_INITIALIZER_VENV)/bin/python || $(PYTHON) -m venv $(STORAGE_INITIALIZER_VENV)
 	$(STORAGE_INITIALIZER_VENV)/bin/pip install --quiet 'kserve[storage]==0.15.2'
 	touch $@
@@ -58,8 +98,9 @@ $(PROMETHEUS_STAMP): | $(STAMP)
 	command -v prometheus >/dev/null || apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }
 	touch $@
 
-serve: $(STAMP)
-	$(BIN)/python -m kserve_ascend --model_dir $(MODEL_DIR) --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT)
+serve: $(SERVE_STAMP)
+	$(BIN)/python -m kserve_ascend --model_dir $(MODEL_DIR) --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT) \
+	  --metrics_port $(METRICS_PORT) $(SERVE_ARGS)
 
 test: $(STAMP) $(CANN_STAMP) $(PERF_ANALYZER) $(PROMETHEUS_STAMP) $(STORAGE_INITIALIZER_STAMP)
 	$(BIN)/python -m pytest
@@ -70,8 +111,14 @@ check-ascend: $(CANN_STAMP)
 	$(CANN_VENV)/bin/python tools/check_ascend_host.py
 
 # Real Triton (from the nvidia-pytriton wheel) with the `ascend` backend on :8000/:8001/:8002.
-triton: $(STAMP)
-	$(BIN)/python tools/run_triton.py --model-repository $(MODEL_DIR)
+triton: $(TRITON_STAMP)
+	$(BIN)/python tools/run_triton.py --model-repository $(MODEL_DIR) --http-port $(HTTP_PORT) \
+	  --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
+# The suite of conformance/ against a server it starts on conformance/models (python -m conformance
+# --http HOST:PORT --grpc HOST:PORT runs it against one you started).
+conformance: $(STAMP)
+	$(BIN)/python -m conformance --serve $(SERVER)
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[cpu,test,bench]'
@@ -79,7 +126,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 
 # MLServer 1.7.1, a peer in the bench, in its own virtualenv (its pins do not fit .venv's); uvloop
 # below 0.22: with 0.23 its parallel-inference workers fail to start ("There is no current event loop").
-$(MLSERVER_STAMP):
+$(MLSERVER_STAMP): | $(BIN)/python
 	test -x $(MLSERVER_VENV)/bin/python || $(PYTHON) -m venv $(MLSERVER_VENV)
 	$(MLSERVER_VENV)/bin/pip install --quiet 'mlserver==1.7.1' 'uvloop<0.22'
 	touch $@

@@ -13,6 +13,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import InferenceServerException
 
 from conftest import REPOSITORY, ROOT, Server, free_port, stop_server, wait_until
 from kserve_ascend import cann_config
@@ -44,7 +45,8 @@ def start_with_config(config: Path, log: Path, grpc_port: int | None = None, env
 
 @pytest.fixture(scope="module")
 def yaml_server(tmp_path_factory):
-    """The CANN design's yolov8 entry, `simple` as two versions and a misdeclared model, on the file's ports.
+    """The CANN design's yolov8 entry (and the same without dynamic_batching), `simple` as two versions and a
+    misdeclared model, on the file's ports.
 
     gRPC's port is given as a flag, which wins over the file's.
     """
@@ -65,6 +67,9 @@ models:
     dynamic_batching:
       max_batch_size: 8
       max_delay_ms: 5
+  - name: yolov8n_unbatched
+    model_path: {YOLO}
+    input_shape: [1, 3, 640, 640]
   - name: simple
     version: 1
     model_path: {SIMPLE}
@@ -108,6 +113,31 @@ def test_yaml_model_answers_as_its_config_pbtxt_over_http_and_grpc(yaml_server, 
             outputs.append(client.infer("yolov8n", [tensor]).as_numpy("output0"))
         assert outputs[0].shape == (1, 84, 8400)
         np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_input_shape_is_batch_first_and_exact_without_dynamic_batching(yaml_server):
+    """The first dimension of input_shape is the batch: with dynamic_batching a request carries 1..max_batch_size
+    rows of the other dimensions, as declared; without it the whole shape is exact, even for a file whose first
+    dimension is variable (which a config without input_shape would batch)."""
+    served, _ = yaml_server
+    client = httpclient.InferenceServerClient(served.http)
+
+    def infer(model: str, shape: tuple) -> tuple:
+        tensor = httpclient.InferInput("images", list(shape), "FP32")
+        tensor.set_data_from_numpy(np.zeros(shape, np.float32))
+        return client.infer(model, [tensor]).as_numpy("output0").shape
+
+    assert infer("yolov8n", (2, 3, 640, 640)) == (2, 84, 8400)
+    assert infer("yolov8n_unbatched", (1, 3, 640, 640)) == (1, 84, 8400)
+    assert requests.get(f"{served.url}/v2/models/yolov8n_unbatched").json()["inputs"][0]["shape"] == [1, 3, 640, 640]
+    refused = [
+        ("yolov8n", (2, 3, 320, 320), "input 'images' has shape [2, 3, 320, 320], the model expects [-1, 3, 640, 640]"),
+        ("yolov8n_unbatched", (2, 3, 640, 640), "input 'images' has shape [2, 3, 640, 640], the model expects [1, 3, 640, 640]"),
+    ]
+    for model, shape, message in refused:
+        with pytest.raises(InferenceServerException) as raised:
+            infer(model, shape)
+        assert raised.value.status() == "400" and message in raised.value.message()
 
 
 def test_entries_of_one_name_are_its_versions(yaml_server):

@@ -10,17 +10,18 @@ import pytest
 import requests
 import yaml
 
-from conftest import ROOT, Server, free_port, start_server, start_triton, stop_server, wait_until
+from conftest import ROOT, Server, free_port, start_server, stop_server, wait_until
 
 MODELS = ROOT / "conformance" / "models"
 
 
 def run_suite(target, name: str, report, *pytest_args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "conformance", "--http", target.http, "--grpc", target.grpc,
-         "--target", name, "--report", str(report), *pytest_args],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
-    )
+    """The suite against a server started here, as against a third-party server."""
+    return conformance("--http", target.http, "--grpc", target.grpc, "--target", name, "--report", str(report), *pytest_args)
+
+
+def conformance(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 def outcomes(report, name: str) -> dict[str, str]:
@@ -32,39 +33,90 @@ def report(tmp_path_factory):
     return tmp_path_factory.mktemp("conformance") / "report.md"
 
 
-def run_on(server, name: str, report) -> subprocess.CompletedProcess:
-    """Runs the whole suite against a started server, then stops it; the run must pass."""
-    try:
-        result = run_suite(server, name, report)
-    finally:
-        stop_server(server)
-    assert result.returncode == 0, result.stdout[-5000:]
+def serve_and_run(name: str, report) -> subprocess.CompletedProcess:
+    """The one command: `--serve NAME` starts the server on conformance/models, runs the whole suite, stops it."""
+    result = conformance("--serve", name, "--report", str(report))
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert f"OIP conformance of {name}: " in result.stdout and f"report: {report}" in result.stdout
     return result
 
 
-def test_suite_passes_on_real_triton_with_only_known_deviations(tmp_path, report):
-    # Explicit model control, so the model repository extension (load/unload) is exercised too.
-    run_on(start_triton(MODELS, tmp_path, "--model-control-mode=explicit", "--load-model=*"), "triton", report)
+def test_suite_passes_on_real_triton_with_only_known_deviations(report):
+    serve_and_run("triton", report)
     results = outcomes(report, "triton")
     assert "fail" not in results.values()
     # Exactly the deviations listed for Triton are known deviations: each ran and still fails (strict xfail).
     listed = yaml.safe_load((ROOT / "conformance" / "deviations.yaml").read_text())["triton"]
     assert {case for case, outcome in results.items() if outcome == "known deviation"} == set(listed)
+    # Explicit model control: the model repository extension (load/unload) is exercised too.
+    assert results["test_repository_unload_then_load"] == "pass"
     assert results["test_system_shared_memory_inference"] == "pass"
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["workers1", "workers2"])
-def test_suite_passes_on_kserve_ascend_with_no_deviation(tmp_path, report, workers):
-    """One process, and an engine with two frontends (`--workers 2`) that the suite's connections spread over."""
-    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*", workers=workers)
-    name = "kserve-ascend" if workers == 1 else f"kserve-ascend --workers {workers}"
-    run_on(server, name, report)
+def assert_kserve_ascend_passes(report, name: str) -> None:
     results = outcomes(report, name)
     assert set(results.values()) <= {"pass", "not declared"}
     assert list(results.values()).count("pass") > 90
+    assert results["test_repository_unload_then_load"] == "pass"
     assert results["test_system_shared_memory_inference"] == "pass"
     markdown = report.read_text()
-    assert "| case | specification |" in markdown and "kserve-ascend" in markdown
+    assert "| case | specification |" in markdown and f" {name} |" in markdown
+
+
+def test_suite_passes_on_kserve_ascend_with_no_deviation(report):
+    serve_and_run("kserve-ascend", report)
+    assert_kserve_ascend_passes(report, "kserve-ascend")
+    # Stopped by SIGTERM, so it drained and exited itself (a SIGKILL leaves no such line).
+    assert "server stopped" in (report.parent / "kserve-ascend.log").read_text()
+
+
+def test_suite_passes_on_kserve_ascend_with_two_workers(tmp_path, report):
+    """An engine with two frontends (`--workers 2`) that the suite's connections spread over."""
+    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*", workers=2)
+    try:
+        result = run_suite(server, "kserve-ascend --workers 2", report)
+    finally:
+        stop_server(server)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert_kserve_ascend_passes(report, "kserve-ascend --workers 2")
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        ((), "give --serve {kserve-ascend,triton}, or --http and --grpc of a server you run"),
+        (("--http", "127.0.0.1:1"), "give --serve {kserve-ascend,triton}, or --http and --grpc of a server you run"),
+        (("--serve", "kserve-ascend", "--grpc", "127.0.0.1:1"), "--serve starts its own server: give --serve, or --http and --grpc, not both"),
+    ],
+    ids=["neither", "http_without_grpc", "both"],
+)
+def test_conformance_needs_exactly_one_server(args, error):
+    result = conformance(*args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == f"python -m conformance: error: {error}"
+
+
+@pytest.mark.parametrize(
+    "program, last_line, error",
+    [
+        ("print('cannot load the repository'); raise SystemExit(3)", "cannot load the repository", "exited with 3 before it was ready"),
+        ("import time; print('still loading', flush=True); time.sleep(60)", "still loading", "was not ready after 1 s"),
+    ],
+    ids=["exits", "hangs"],
+)
+def test_serve_reports_a_server_that_does_not_become_ready(tmp_path, monkeypatch, capsys, program, last_line, error):
+    """The run stops with exit status 1 and the end of the server's log, and runs no case."""
+    from conformance import __main__, serve
+
+    monkeypatch.setattr(serve, "READY_TIMEOUT_S", 1)
+    monkeypatch.setattr(serve, "command", lambda *_: [sys.executable, "-c", program])
+    with pytest.raises(SystemExit) as exited:
+        __main__.main(["--serve", "kserve-ascend", "--report", str(tmp_path / "report.md")])
+    assert exited.value.code == 1
+    message = capsys.readouterr().err
+    assert message.startswith(f"python -m conformance: kserve-ascend {error}; the end of {tmp_path / 'kserve-ascend.log'}:\n")
+    assert message.rstrip().endswith(last_line)
+    assert not (tmp_path / "report.md").exists()
 
 
 def test_suite_catches_a_deliberately_broken_server(tmp_path):

@@ -181,6 +181,35 @@ def test_v1_serves_plain_models_by_input_and_output_name(server):
     assert np.array(bare.json()["predictions"][0]["output0"]).shape == (84, 8400)
 
 
+def test_v1_bare_values_go_to_the_one_input_of_their_kind(server):
+    """The ensemble's inputs are both optional (one per request): a bare `{"b64": ...}` is the encoded
+    image, a bare nested list of numbers the letterboxed tensor. A model with two required inputs
+    takes no bare value: the 400 names its inputs."""
+    tensor, _ = image.letterbox(JPEG, (640, 640))
+    encoded = {"b64": base64.b64encode(JPEG).decode()}
+    response = requests.post(
+        f"{server.url}/v1/models/{MODEL}:predict", json={"instances": [encoded, tensor.tolist()], "parameters": FEW}
+    )
+    assert response.status_code == 200, response.text
+    by_image, by_tensor = response.json()["predictions"]
+    for prediction, request in ((by_image, image_input(httpclient, JPEG)), (by_tensor, images_input(httpclient, tensor))):
+        assert_same({name: np.array(prediction[name]) for name in OUTPUTS}, detect(httpclient, server.http, [request], FEW))
+    response = requests.post(f"{server.url}/v1/models/simple:predict", json={"instances": [list(range(16))]})
+    assert response.status_code == 400
+    assert response.json()["error"] == """instance 0 must name its inputs, as {"name": value}: the model has ['INPUT0', 'INPUT1']"""
+
+
+def test_v1_takes_json_sent_as_curl_d_sends_it(server):
+    """`curl -d` labels a body application/x-www-form-urlencoded, which KServe's V1 route leaves undecoded."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    body = b'{"instances": [{"INPUT0": [%s], "INPUT1": [%s]}]}' % ((b"1," * 16)[:-1], (b"2," * 16)[:-1])
+    response = requests.post(f"{server.url}/v1/models/simple:predict", data=body, headers=form)
+    assert response.json() == {"predictions": [{"OUTPUT0": [3] * 16, "OUTPUT1": [-1] * 16}]}
+    response = requests.post(f"{server.url}/v1/models/simple:predict", data=b"instances=1", headers=form)
+    assert response.status_code == 400
+    assert response.json()["error"].startswith("a V1 request body must be JSON")
+
+
 def test_v1_readiness(server):
     assert requests.get(f"{server.url}/v1/models/{MODEL}").json() == {"name": MODEL, "ready": True}
 
@@ -192,14 +221,14 @@ def test_v1_readiness(server):
         ({"instances": [], "inputs": {}}, "exactly one of"),
         ({"instances": []}, "non-empty list"),
         ({"inputs": {"nope": [1]}}, "unexpected input 'nope'"),
-        ({"inputs": [1, 2]}, "must name its inputs"),
+        ({"inputs": [[]]}, "must name its inputs"),
         ({"inputs": {"image": [{"b64": "%%%"}]}}, "not base64"),
         ({"inputs": {"image": [7]}}, "BYTES"),
         ({"inputs": {"images": [[1, 2], [3]]}}, "regular"),
         ({"inputs": {"images": "text"}}, "not FP32"),
         ({"inputs": {"images": [1.0]}}, "shape"),
         ({"inputs": {"image": ["x"]}, "parameters": []}, "parameters"),
-        ({"instances": [{"image": {"b64": ""}}, 3]}, "must name its inputs"),
+        ({"instances": [{"image": {"b64": ""}}, None]}, "must name its inputs"),
     ],
 )
 def test_v1_bad_bodies_are_400(server, body, message):

@@ -36,6 +36,16 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
     return config
 
 
+def check_supported(config: mc.ModelConfig) -> None:
+    """Refuses, naming the field, a config asking for what the ascend backend does not do, rather
+    than serving it as if it had not asked."""
+    if config.model_transaction_policy.decoupled:
+        raise ModelLoadError(
+            "model_transaction_policy.decoupled is not supported: the ascend backend answers every request"
+            " with exactly one response"
+        )
+
+
 def available_versions(model_dir: Path) -> list[int]:
     """Version directories present on disk (numeric names), ascending."""
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())

@@ -29,12 +29,14 @@ def complete_config(config: mc.ModelConfig, runtime: Runtime) -> None:
     """Fills inputs, outputs and max_batch_size from the model file where config.pbtxt leaves them out.
 
     As Triton's ONNX backend does: a model whose every tensor has a variable first
-    dimension is taken to batch along it.
+    dimension is taken to batch along it, unless `parameters input_shape` declares the
+    whole shape (max_batch_size 0: a config.yaml model without dynamic_batching).
     """
     if config.input and config.output:
         return
     specs = [*runtime.inputs, *runtime.outputs]
-    batches = config.max_batch_size > 0 or (specs and all(s.shape[:1] == (-1,) for s in specs))
+    whole_shape = "input_shape" in config.parameters
+    batches = config.max_batch_size > 0 or (not whole_shape and specs and all(s.shape[:1] == (-1,) for s in specs))
     if batches and config.max_batch_size == 0:
         config.max_batch_size = runtime.max_batch_size or AUTO_COMPLETE_MAX_BATCH_SIZE
     def declare(target, spec: TensorSpec):

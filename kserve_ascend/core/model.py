@@ -367,6 +367,7 @@ class Model:
             config = mc.ModelConfig()
             config.CopyFrom(override) if override is not None else config.CopyFrom(cfg.read_config(self.model_dir))
             config.name = config.name or self.name
+            cfg.check_supported(config)
             source = config.SerializeToString(deterministic=True)
             weights = cfg.version_weights(config)
             served: dict[int, ModelVersion] = {}

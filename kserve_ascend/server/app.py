@@ -35,6 +35,22 @@ GRPC_MAX_MESSAGE_LENGTH = 2**31 - 1
 #: answers of the requests failed at the drain's end and to close their connections.
 EDGES_STOP_S = 1.0
 
+_TRANSFORMER = "a KServe transformer's flag: this server is the predictor, it calls none"
+#: KServe's flags this server has no use for, and why: accepted (ServingRuntimes written for KServe's
+#: servers pass some), hidden from --help, and a WARNING when given. The others it honours.
+IGNORED_KSERVE_FLAGS = {
+    "model_name": "the model repository names the models (a directory each)",
+    "predictor_host": _TRANSFORMER,
+    "protocol": _TRANSFORMER,
+    "predictor_protocol": _TRANSFORMER,
+    "predictor_use_ssl": _TRANSFORMER,
+    "predictor_request_timeout_seconds": _TRANSFORMER,
+    "predictor_request_retries": _TRANSFORMER,
+    "enable_predictor_health_check": _TRANSFORMER,
+    "max_threads": "gRPC is served on the event loop (grpc.aio), with no thread pool to size",
+    "enable_latency_logging": "per-request timings are in the statistics extension, the metrics and --enable_tracing",
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
     """KServe's own flags (`--http_port`, `--grpc_port`, `--workers`, ...) plus the repository."""
@@ -43,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[model_server.parser],
         description="Serve a Triton-layout model repository on Ascend NPUs over Open Inference Protocol v2.",
     )
+    for action in parser._actions:  # argparse has no public way to hide an inherited flag
+        if action.dest in IGNORED_KSERVE_FLAGS:
+            # SUPPRESS as default: the namespace has the attribute only when the flag was given.
+            action.help = action.default = argparse.SUPPRESS
     # KServe caps gRPC messages at 8 MiB; a batch of 640x640 images is larger. Triton's limit is INT32_MAX.
     parser.set_defaults(grpc_max_send_message_length=GRPC_MAX_MESSAGE_LENGTH, grpc_max_receive_message_length=GRPC_MAX_MESSAGE_LENGTH)
     parser.add_argument(
@@ -378,11 +398,9 @@ def server_options(args: argparse.Namespace) -> dict:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         workers=args.workers,
-        max_threads=args.max_threads,
         max_asyncio_workers=args.max_asyncio_workers,
         enable_grpc=args.enable_grpc,
         enable_docs_url=args.enable_docs_url,
-        enable_latency_logging=args.enable_latency_logging,
         access_log_format=args.access_log_format,
         event_loop=args.event_loop,
         timeout_keep_alive=args.timeout_keep_alive,
@@ -395,13 +413,19 @@ def server_options(args: argparse.Namespace) -> dict:
     )
 
 
-def check_ports(args: argparse.Namespace) -> None:
-    """Exits with one line naming a port another process holds, before anything starts."""
-    ports.check_free(args.http_port, ports.HTTP)
-    if args.enable_grpc:
-        ports.check_free(args.grpc_port, ports.GRPC)
-    if args.metrics_port:
-        ports.check_free(args.metrics_port, ports.METRICS)
+def check_ports(server: AscendModelServer) -> None:
+    """Exits with one line naming a port given twice or another process holds, before anything starts.
+
+    The ports are the server's, not the flags': with TLS, KServe moves the default HTTP port to 8443.
+    """
+    listening = {"--http_port": (server.http_port, ports.HTTP)}
+    if server.enable_grpc:
+        listening["--grpc_port"] = (server.grpc_port, ports.GRPC)
+    if server.metrics_port:  # 0: /metrics on the HTTP port only
+        listening["--metrics_port"] = (server.metrics_port, ports.METRICS)
+    ports.check_distinct({flag: port for flag, (port, _) in listening.items()})
+    for port, what in listening.values():
+        ports.check_free(port, what)
 
 
 def configure_process(args: argparse.Namespace) -> None:
@@ -411,9 +435,15 @@ def configure_process(args: argparse.Namespace) -> None:
         tracing.enable()
 
 
+def warn_ignored(args: argparse.Namespace) -> None:
+    """A WARNING for each KServe flag given that this server has no use for."""
+    for dest, reason in IGNORED_KSERVE_FLAGS.items():
+        if hasattr(args, dest):
+            log.warning("--%s is ignored: %s", dest, reason)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    check_ports(args)
     options = server_options(args)
     try:
         repository = Repository(Path(args.model_dir))
@@ -426,7 +456,9 @@ def main(argv: list[str] | None = None) -> None:
         metrics_port=args.metrics_port,
         **options,
     )
+    check_ports(server)
     configure_process(args)
+    warn_ignored(args)
     if args.workers > 1:
         from .engine import Engine
 

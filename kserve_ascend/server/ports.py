@@ -1,4 +1,4 @@
-"""The server's listening ports: each is free before anything binds it, or the server exits naming it.
+"""The server's listening ports: each is its own and free before anything binds it, or the server exits naming it.
 
 A second server started on a busy port must not come up beside the first: grpcio binds with
 SO_REUSEPORT by default, so two servers on one gRPC port would share its connections (the
@@ -18,6 +18,15 @@ from typing import NoReturn
 #: gRPC (grpcio) on [::], both families where the host has IPv6.
 HTTP, GRPC, METRICS = "HTTP", "gRPC", "metrics"
 _DUAL_STACK = {GRPC}
+
+
+def check_distinct(flags: dict[str, int]) -> None:
+    """Exits (one line naming both flags) when two of the server's ports are one: each server binds its own."""
+    seen: dict[int, str] = {}
+    for flag, port in flags.items():
+        if port in seen:
+            raise SystemExit(f"kserve-ascend: {seen[port]} and {flag} are both {port}: give each its own port")
+        seen[port] = flag
 
 
 def check_free(port: int, what: str) -> None:

@@ -1,10 +1,10 @@
 """KServe's V1 protocol bodies <-> numpy, for any model of the repository.
 
 Two layouts, as TF Serving defines them (and KServe V1 follows):
-- columnar: `{"inputs": {"name": tensor, ...}}` (or a bare tensor for a one-input model),
+- columnar: `{"inputs": {"name": tensor, ...}}` (or a bare tensor, see `named`),
   answered with `{"outputs": {"name": tensor, ...}}`;
-- row: `{"instances": [row, ...]}`, each row `{"name": value, ...}` (or a bare value for a
-  one-input model), answered with `{"predictions": [{"name": value, ...}, ...]}`.
+- row: `{"instances": [row, ...]}`, each row `{"name": value, ...}` (or a bare value, see
+  `named`), answered with `{"predictions": [{"name": value, ...}, ...]}`.
 Outputs are always named, whatever their number. BYTES values are strings, or
 `{"b64": "..."}` for binary data (an encoded image). An optional `"parameters"` object
 is the request's parameters, as in OIP v2.
@@ -17,13 +17,21 @@ import binascii
 from typing import Any, Mapping
 
 import numpy as np
+import orjson
 
 from ..core.errors import InvalidInput
 from ..core.signature import Signature
 from .codec import json_numbers
 
+
 def parse(body: Any) -> tuple[str, Any, dict]:
     """The layout ("inputs" or "instances"), its value and the request parameters of a V1 body."""
+    if isinstance(body, (bytes, bytearray)):
+        # KServe decodes only a body sent as JSON; `curl -d` sends it as a form, as the OIP routes accept.
+        try:
+            body = orjson.loads(body)
+        except orjson.JSONDecodeError as error:
+            raise InvalidInput(f"a V1 request body must be JSON: {error}") from None
     if not isinstance(body, dict):
         raise InvalidInput('a V1 request body is a JSON object with "instances" (rows) or "inputs" (columns)')
     layouts = [key for key in ("instances", "inputs") if key in body]
@@ -40,15 +48,40 @@ def parse(body: Any) -> tuple[str, Any, dict]:
 
 
 def named(value: Any, signature: Signature, what: str) -> dict[str, Any]:
-    """`{"name": value}` as given, or a bare value named after a model's only input."""
+    """`{"name": value}` as given, or a bare value named after the one input it can be for."""
     if isinstance(value, dict) and "b64" not in value:
         for name in value:
             if name not in signature.inputs:
                 raise InvalidInput(f"unexpected input '{name}' in {what}, the model's inputs are {sorted(signature.inputs)}")
         return value
-    if len(signature.inputs) != 1:
-        raise InvalidInput(f"{what} must name its inputs: the model has {sorted(signature.inputs)}")
-    return {next(iter(signature.inputs)): value}
+    name = _bare_input(value, signature)
+    if name is None:
+        raise InvalidInput(f'{what} must name its inputs, as {{"name": value}}: the model has {sorted(signature.inputs)}')
+    return {name: value}
+
+
+def _bare_input(value: Any, signature: Signature) -> str | None:
+    """The model's only input; else its only required one; else, when every input is optional (one
+    of them per request, as the detection ensemble's image or tensor), the only one of the value's
+    kind: BYTES for text or `{"b64": ...}`, a numeric input for numbers. None when that is not one input."""
+    decls = list(signature.inputs.values())
+    required = [decl for decl in decls if not decl.optional]
+    if len(decls) == 1:
+        return decls[0].name
+    if required:
+        return required[0].name if len(required) == 1 else None
+    text = _holds_text(value)
+    fitting = [decl.name for decl in decls if text is not None and (decl.datatype == "BYTES") == text]
+    return fitting[0] if len(fitting) == 1 else None
+
+
+def _holds_text(value: Any) -> bool | None:
+    """Whether a JSON (nested) value holds text (BYTES) or numbers, by its first element; None if neither."""
+    while isinstance(value, list) and value:
+        value = value[0]
+    if isinstance(value, (str, dict)):
+        return True
+    return False if isinstance(value, (int, float)) else None
 
 
 def tensor(value: Any, datatype: str, what: str) -> np.ndarray:

@@ -2,6 +2,9 @@
 
 - the HTTP, gRPC or metrics port held by another process -> the server exits non-zero before it starts,
   with one line naming the port ("kserve-ascend: the gRPC port 8081 is in use: ..."), no traceback.
+- one port given to two of the server's flags (--grpc_port and --metrics_port 9000) -> the server exits
+  non-zero before it starts, with one line naming both flags (--metrics_port 0, metrics
+  on the HTTP port only, is no port of its own: test_metrics.py serves so).
 - a second server started on a running server's gRPC port (grpcio would share it by SO_REUSEPORT, and the
   kernel split the connections between them) -> the second exits so; the first serves on.
 """
@@ -47,6 +50,15 @@ def test_a_port_another_process_holds_stops_the_server_with_one_line_naming_it(t
         port = holder.getsockname()[1]
         result = run_server(tmp_path, {name: port}, workers)
     refused_port(result, name, port)
+
+
+@pytest.mark.parametrize("same", [("HTTP", "gRPC"), ("gRPC", "metrics"), ("HTTP", "metrics")])
+def test_one_port_given_twice_stops_the_server_with_one_line_naming_both_flags(tmp_path, same):
+    port = free_port()
+    result = run_server(tmp_path, dict.fromkeys(same, port), workers=1)
+    assert result.returncode != 0
+    first, second = (FLAGS[name] for name in same)
+    assert result.stderr.splitlines() == [f"kserve-ascend: {first} and {second} are both {port}: give each its own port"]
 
 
 @WORKERS
