@@ -50,19 +50,13 @@ class Runtime(ABC):
         self.device_id = device_id
         self.config = config
 
-    @property
-    @abstractmethod
-    def inputs(self) -> Sequence[TensorSpec]:
-        """The model's inputs as described by the model file (its datatypes: FP16 stays FP16)."""
-
-    @property
-    @abstractmethod
-    def outputs(self) -> Sequence[TensorSpec]:
-        """The model's outputs as described by the model file, under the names the config uses.
-
-        Where the file's naming differs by construction (ATC names the outputs of a converted
-        model `opname:idx:name`), the runtime reports them as the config names them.
-        """
+    #: The model's inputs as described by the model file (its datatypes: FP16 stays FP16),
+    #: set by `__init__` (or a property of a runtime that derives them).
+    inputs: Sequence[TensorSpec]
+    #: The model's outputs as described by the model file, under the names the config uses: where
+    #: the file's naming differs by construction (ATC names the outputs of a converted model
+    #: `opname:idx:name`), the runtime reports them as the config names them.
+    outputs: Sequence[TensorSpec]
 
     #: Whether the first execution of each new input shape is slow (a provider that compiles
     #: a graph per shape, as ONNX Runtime's CANN execution provider does): the default warmup

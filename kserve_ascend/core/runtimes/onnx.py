@@ -155,11 +155,11 @@ class OnnxRuntime(Runtime):
                 config.name, path.name, self.degraded_reason,
             )
         self.provider = self.session.get_providers()[0]
-        self._inputs = [_spec(n) for n in self.session.get_inputs()]
-        self._outputs = [_spec(n) for n in self.session.get_outputs()]
+        self.inputs = [_spec(n) for n in self.session.get_inputs()]
+        self.outputs = [_spec(n) for n in self.session.get_outputs()]
         self._batch_sizes = self._file_batch_sizes()
-        self._text_inputs = {s.name for s in self._inputs if s.datatype == "BYTES"}
-        self._text_outputs = {s.name for s in self._outputs if s.datatype == "BYTES"}
+        self._text_inputs = {s.name for s in self.inputs if s.datatype == "BYTES"}
+        self._text_outputs = {s.name for s in self.outputs if s.datatype == "BYTES"}
         if self._text_inputs:
             self.prepare_request = self._decode_text  # per request, so bad bytes fail only their request
         log.info("%s: %s on device %d with %s", config.name, path.name, device_id, self.provider)
@@ -220,16 +220,8 @@ class OnnxRuntime(Runtime):
         """(B,) when the model batches and every tensor's first dimension is the same number B."""
         if self.config.max_batch_size <= 0:
             return ()
-        firsts = {spec.shape[0] if spec.shape else -1 for spec in (*self._inputs, *self._outputs)}
+        firsts = {spec.shape[0] if spec.shape else -1 for spec in (*self.inputs, *self.outputs)}
         return tuple(firsts) if len(firsts) == 1 and min(firsts) > 0 else ()
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]:
-        return self._outputs
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:

@@ -30,18 +30,10 @@ class SimRuntime(Runtime):
         if len(signature.inputs) != len(signature.outputs) or not signature.inputs:
             raise ModelLoadError("a sim model declares as many outputs as inputs (output i copies input i)")
         batch = (-1,) if signature.batching else ()
-        self._inputs = [TensorSpec(t.name, t.datatype, batch + t.dims) for t in signature.inputs.values()]
-        self._outputs = [TensorSpec(t.name, t.datatype, batch + t.dims) for t in signature.outputs.values()]
-        self._source = {o.name: i.name for i, o in zip(self._inputs, self._outputs)}
+        self.inputs = [TensorSpec(t.name, t.datatype, batch + t.dims) for t in signature.inputs.values()]
+        self.outputs = [TensorSpec(t.name, t.datatype, batch + t.dims) for t in signature.outputs.values()]
+        self._source = {o.name: i.name for i, o in zip(self.inputs, self.outputs)}
         self._batching = signature.batching
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]:
-        return self._outputs
 
     def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         rows = next(iter(inputs.values())).shape[0] if self._batching else 1

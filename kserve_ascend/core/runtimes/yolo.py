@@ -48,16 +48,8 @@ class YoloV8Preprocess(Runtime):
             )
         self.size = (dims[2], dims[3])
         shape = (1, 3, *self.size)
-        self._inputs = [TensorSpec(IMAGE, "BYTES", (1,)), TensorSpec(IMAGES, "FP32", shape)]
-        self._outputs = [TensorSpec(LETTERBOXED, "FP32", shape), TensorSpec(LETTERBOX, "FP32", (len(LETTERBOX_FIELDS),))]
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]:
-        return self._outputs
+        self.inputs = [TensorSpec(IMAGE, "BYTES", (1,)), TensorSpec(IMAGES, "FP32", shape)]
+        self.outputs = [TensorSpec(LETTERBOXED, "FP32", shape), TensorSpec(LETTERBOX, "FP32", (len(LETTERBOX_FIELDS),))]
 
     def prepare_request(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object]) -> Mapping[str, np.ndarray]:
         if (IMAGE in inputs) == (IMAGES in inputs):
@@ -87,21 +79,13 @@ class YoloV8Postprocess(Runtime):
         super().__init__(path, device_id, config)
         if config.max_batch_size:
             raise ModelLoadError(f"a {self.name} model answers a variable number of boxes per image: max_batch_size must be 0")
-        self._inputs = [TensorSpec(OUTPUT0, "FP32", (1, -1, -1)), TensorSpec(LETTERBOX, "FP32", (len(LETTERBOX_FIELDS),))]
-        self._outputs = [
+        self.inputs = [TensorSpec(OUTPUT0, "FP32", (1, -1, -1)), TensorSpec(LETTERBOX, "FP32", (len(LETTERBOX_FIELDS),))]
+        self.outputs = [
             TensorSpec(BOXES, "FP32", (-1, 4)),
             TensorSpec(SCORES, "FP32", (-1,)),
             TensorSpec(CLASSES, "INT32", (-1,)),
             TensorSpec(COUNT, "INT32", (1,)),
         ]
-
-    @property
-    def inputs(self) -> Sequence[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> Sequence[TensorSpec]:
-        return self._outputs
 
     def prepare_request(self, inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object]) -> Mapping[str, object]:
         """The request's detection parameters, checked, ride along with its tensors."""
