@@ -178,7 +178,7 @@ def test_every_snippet_runs_as_written(page, tmp_path):
     print(f"{page.name}: {ran} snippets ran, {len(skipped)} need what is not here: {skipped}")
 
 
-def test_the_snippet_conventions_hold():
+def test_the_snippet_conventions_hold(tmp_path):
     """The runner's own rules, on a page written for them: a check that cannot fail is no check."""
     page = """
 ```sh
@@ -203,21 +203,14 @@ not an expected output: prose came between
 # needs: an Ascend host
 ```
 """
-    found = snippets_of(page)
+    (tmp_path / "page.md").write_text(page)
+    found = snippets(tmp_path / "page.md")
     assert [s.serves for s in found] == [True, False, False]
     assert found[1].expected == '{"name": "kserve-ascend", ...}\n'
     assert found[0].expected is None and found[2].expected is None
     assert found[2].needs == "an Ascend host"
     assert matches('{"name": "kserve-ascend", ...}', '{"name":"kserve-ascend","version":"0.1.0"}')
-    assert matches("[0 0]\n[2 3 ... 17]", "[0 0]\n[ 2  3  4 17]") is False  # whitespace stands for whitespace
+    assert matches("[0 0]\n[2 3 ... 17]", "[0 0]\n[ 2  3  4 17]") is False  # "[2" is not "[ 2": no space expected, none allowed
     assert matches("[0 0] ... 17]", "[0 0]\n[ 2  3  4 17]")
     assert not matches('{"name": "triton"}', '{"name":"kserve-ascend"}')
 
-
-def snippets_of(text: str) -> list[Snippet]:
-    page = Path(os.environ.get("TMPDIR", "/tmp")) / f"page_{os.getpid()}.md"
-    page.write_text(text)
-    try:
-        return snippets(page)
-    finally:
-        page.unlink()
