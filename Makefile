@@ -15,8 +15,10 @@ CANN_VENV  := $(VENV)/cann
 CANN_STAMP := $(CANN_VENV)/.installed
 # Triton's perf_analyzer 2.51, taken from the tritonclient 2.51.0 wheel (tools/perf_analyzer.py).
 PERF_ANALYZER := $(VENV)/perf_analyzer/bin/perf_analyzer
-# Debian's Prometheus (prometheus, promtool): tests/test_prometheus.py runs it against the servers.
-PROMETHEUS_STAMP := $(VENV)/.prometheus-installed
+# Debian's packages the tests run: Prometheus (prometheus, promtool; tests/test_prometheus.py runs it
+# against the servers), and curl and openssl, which the documentation's snippets use (tests/test_docs.py).
+SYSTEM_STAMP := $(VENV)/.system-packages-installed
+SYSTEM_PACKAGES := prometheus curl openssl
 # The code of kserve/storage-initializer:v0.15.2 (manifests/triton's init container): the `kserve`
 # 0.15.2 package, whose protobuf 4 cannot share .venv. tests/test_storage.py runs its Storage.download.
 STORAGE_INITIALIZER_VENV  := $(VENV)/kserve-0.15.2
@@ -94,15 +96,16 @@ $(STORAGE_INITIALIZER_STAMP): | $(BIN)/python
 	$(STORAGE_INITIALIZER_VENV)/bin/pip install --quiet 'kserve[storage]==0.15.2'
 	touch $@
 
-$(PROMETHEUS_STAMP): | $(STAMP)
-	command -v prometheus >/dev/null || apt-get install -y -qq prometheus || { apt-get update -qq && apt-get install -y -qq prometheus; }
+$(SYSTEM_STAMP): | $(STAMP)
+	( for c in $(SYSTEM_PACKAGES); do command -v $$c >/dev/null || exit 1; done ) \
+	  || apt-get install -y -qq $(SYSTEM_PACKAGES) || { apt-get update -qq && apt-get install -y -qq $(SYSTEM_PACKAGES); }
 	touch $@
 
 serve: $(SERVE_STAMP)
 	$(BIN)/python -m kserve_ascend --model_dir $(MODEL_DIR) --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT) \
 	  --metrics_port $(METRICS_PORT) $(SERVE_ARGS)
 
-test: $(STAMP) $(CANN_STAMP) $(PERF_ANALYZER) $(PROMETHEUS_STAMP) $(STORAGE_INITIALIZER_STAMP)
+test: $(STAMP) $(CANN_STAMP) $(PERF_ANALYZER) $(SYSTEM_STAMP) $(STORAGE_INITIALIZER_STAMP)
 	$(BIN)/python -m pytest
 
 # On an Ascend host (CANN toolkit installed, set_env.sh sourced): CANN, pyACL, an NPU, the CANN
