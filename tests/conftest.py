@@ -99,9 +99,10 @@ def pytest_configure(config):
 
 
 def start_server(
-    model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait_ready: bool = True, workers: int | None = None
+    model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait: str = "ready", workers: int | None = None
 ) -> Server:
-    """Starts `python -m kserve_ascend` and waits until it is ready (or, for a broken repository, loaded).
+    """Starts `python -m kserve_ascend` and waits until it is `wait`: "ready", "loaded" (the start-up load
+    has ended, a broken model's reason is in the index) or "live".
 
     `workers` > 1: an engine process and that many frontend processes (`--workers`); by
     default, what `pytest --workers N` asks (1: one process).
@@ -121,13 +122,13 @@ def start_server(
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
     server = Server(process, http_port, grpc_port, log, metrics_port)
 
-    def loaded() -> bool:
-        if wait_ready:
-            return requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200
-        index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
-        return all(entry["state"] != "LOADING" for entry in index)
+    def reached() -> bool:
+        if wait == "loaded":
+            index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
+            return all(entry["state"] != "LOADING" for entry in index)
+        return requests.get(f"{server.url}/v2/health/{wait}", timeout=1).status_code == 200
 
-    return wait_until(server, loaded, timeout=60)
+    return wait_until(server, reached, timeout=60)
 
 
 def wait_until(server: "Server", condition, timeout: float) -> "Server":
@@ -236,7 +237,7 @@ def start_triton(model_dir: Path, workdir: Path, *extra: str, wait_ready: bool =
 
 def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True):
     """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository."""
-    ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", wait_ready=wait_ready)
+    ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", wait="ready" if wait_ready else "loaded")
     try:
         triton = start_triton(repository, tmp_path_factory.mktemp("triton"), *triton_args, wait_ready=wait_ready)
     except BaseException:

@@ -493,7 +493,7 @@ def unready_server(tmp_path_factory):
     broken = copy_model("simple", repository, "no_file")
     for file in broken.glob("1/*"):
         file.unlink()
-    server = start_server(repository, repository.parent / "unready.log", wait_ready=False)
+    server = start_server(repository, repository.parent / "unready.log", wait="loaded")
     yield server
     stop_server(server)
 

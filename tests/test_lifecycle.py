@@ -327,7 +327,7 @@ def test_bad_version_weights_fail_the_model_with_a_reason(tmp_path):
     repository.mkdir()
     write_two_version_model(repository, "ab", 'parameters { key: "version_weights" value: { string_value: "1:lots" } }\n')
     copy_model("simple", repository)
-    server = start_server(repository, tmp_path / "server.log", wait_ready=False)
+    server = start_server(repository, tmp_path / "server.log", wait="loaded")
     try:
         assert "version_weights" in index(server.url)[("ab", "")]["reason"]
         assert infer(server.url).status_code == 200

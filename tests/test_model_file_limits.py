@@ -232,7 +232,7 @@ def kserve(tmp_path_factory):
             config += 'output [ { name: "scores" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         (root / name / "config.pbtxt").write_text(config)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
-    server = start_server(root, root.parent / "limits.log", env=env, wait_ready=False)
+    server = start_server(root, root.parent / "limits.log", env=env, wait="loaded")
     yield server
     stop_server(server)
 

@@ -49,7 +49,7 @@ def broken_server(tmp_path_factory):
     copy_model("simple", repository)
     for name, breakage in BROKEN.items():
         breakage(copy_model("simple", repository, name))
-    server = start_server(repository, repository.parent / "broken.log", wait_ready=False)
+    server = start_server(repository, repository.parent / "broken.log", wait="loaded")
     yield server
     stop_server(server)
 

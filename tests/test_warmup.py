@@ -232,6 +232,33 @@ def test_a_failing_warmup_fails_the_load_with_the_reason(kserve):
     assert requests.post(f"{server.url}/v2/repository/models/failing/load", timeout=60).status_code == 200
 
 
+def test_models_waiting_for_their_turn_at_start_up_are_loading_not_unloaded(tmp_path):
+    """The start-up load runs one model at a time; the index says LOADING for each one still to come
+    (a CI run once read a model waiting behind a failed one as UNAVAILABLE "unloaded")."""
+    om_model(tmp_path, "a_ready", 'parameters { key: "warmup" value: { string_value: "none" } }')
+    om_model(tmp_path, "b_held")  # its default warmup's first execution hangs until released
+    om_model(tmp_path, "c_next")
+    faults = tmp_path / "faults.json"
+    write_faults(faults, [{"call": "acl.mdl.set_dynamic_batch_size", "hang": True}])
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")])), "FAKE_ACL_FAULTS": str(faults)}
+    server = start_server(tmp_path, tmp_path / "server.log", env=env, wait="live")
+
+    def states() -> dict:
+        return {e["name"]: (e["state"], e["reason"]) for e in requests.post(f"{server.url}/v2/repository/index", timeout=5).json()}
+
+    try:
+        wait_until(server, lambda: states()["a_ready"][0] == "READY", timeout=30)
+        assert states() == {"a_ready": ("READY", ""), "b_held": ("LOADING", "loading"), "c_next": ("LOADING", "loading")}
+        assert requests.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 400
+        write_faults(faults, [{"release": True}])
+        # The fake reads its control file at its next call: a scrape asks the loaded model's device.
+        requests.get(f"{server.url}/metrics", timeout=10)
+        wait_until(server, lambda: requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200, timeout=30)
+        assert {state for state, _ in states().values()} == {"READY"}
+    finally:
+        stop_server(server)
+
+
 # ---- real Triton -------------------------------------------------------------------------------
 
 

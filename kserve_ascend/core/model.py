@@ -351,6 +351,11 @@ class Model:
         """What a served version waits for (an ensemble: a step model not ready), "" when nothing."""
         return next((reason for v in list(self.versions.values()) if (reason := v.waiting_for)), "")
 
+    def mark_loading(self) -> None:
+        """LOADING, unless a version serves (it serves on while the model reloads)."""
+        if not self.versions:
+            self.state, self.reason = State.LOADING, "loading"
+
     def load(self, override: mc.ModelConfig | None = None) -> list[ModelVersion]:
         """Serves what the directory (or `override`, a config to use instead of config.pbtxt) describes.
 
@@ -360,8 +365,7 @@ class Model:
         out of service.
         """
         self.requested = True
-        if not self.versions:
-            self.state, self.reason = State.LOADING, "loading"
+        self.mark_loading()
         loaded: dict[int, ModelVersion] = {}
         try:
             config = mc.ModelConfig()

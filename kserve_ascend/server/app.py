@@ -196,6 +196,10 @@ class AscendModelServer(kserve.ModelServer):
         names = list(self.repository.models)
         if self.control_mode == "explicit" and "*" not in self.startup_models:
             names = self.startup_models
+        # All LOADING at once: one waiting for its turn must not show in the index as unloaded meanwhile.
+        for name in names:
+            if name in self.repository.models:
+                self.repository.models[name].mark_loading()
         for name in names:
             try:
                 await self.repository.load(name)
