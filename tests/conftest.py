@@ -34,6 +34,15 @@ def load_fake_acl():
     return module
 
 
+def fake_acl_env(faults: Path | None = None) -> dict[str, str]:
+    """A server's environment additions that make it import the FAKE pyACL as `acl`, and (`faults`)
+    read its fault-control file."""
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+    if faults is not None:
+        env["FAKE_ACL_FAULTS"] = str(faults)
+    return env
+
+
 def write_faults(path: Path, entries: list) -> None:
     """The FAKE pyACL's fault-control file (its env FAKE_ACL_FAULTS), written whole (a file renamed
     over it), as its docstring asks."""

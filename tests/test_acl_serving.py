@@ -7,7 +7,6 @@ dynamic batch gears, the protocol edges — is the production path.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,10 +15,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 
-from conftest import FAKE_ACL, load_fake_acl, start_server, stop_server
+from conftest import fake_acl_env, load_fake_acl, start_server, stop_server
 
 fake_acl = load_fake_acl()  # only to write .om descriptors; the servers import their own as `acl`
-ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+ENV = fake_acl_env()
 
 #: One config.pbtxt, written for the ONNX model, served over the ONNX file and over its ATC `.om`.
 IDENTITY_CONFIG = """name: "identity"

@@ -8,7 +8,6 @@ real server runs: an AI Core exception (507015), an execution that never finishe
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 
@@ -16,7 +15,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FAKE_ACL, copy_model, load_fake_acl, start_server, stop_server, write_faults
+from conftest import copy_model, fake_acl_env, load_fake_acl, start_server, stop_server, write_faults
 
 ACL_FLOAT = 0
 AI_CORE_EXCEPTION = 507015  # ACL_ERROR_RT_AICORE_EXCEPTION, rt_error_codes.h
@@ -43,10 +42,7 @@ def server(tmp_path_factory):
     copy_model("simple", root)
     faults = root.parent / "health_faults.json"
     write_faults(faults, [])
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")])),
-        "FAKE_ACL_FAULTS": str(faults),
-    }
+    env = fake_acl_env(faults)
     startup = [arg for name in (*MODELS, "simple") for arg in ("--load_model", name)]
     server = start_server(root, root.parent / "health.log", "--model_control_mode", "explicit", *startup, env=env)
     server.faults = faults

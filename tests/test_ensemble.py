@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import re
 import shutil
 import textwrap
@@ -27,7 +26,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import FAKE_ACL, both_servers, copy_model, load_fake_acl, start_server, start_triton, stop_server
+from conftest import both_servers, copy_model, fake_acl_env, load_fake_acl, start_server, start_triton, stop_server
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.processing import image, yolo
 from kserve_ascend.core.repository import Repository
@@ -331,7 +330,7 @@ def test_an_om_detector_serves_inside_the_detection_ensemble(tmp_path):
                  {n: n for n in ("detection_boxes", "detection_scores", "detection_classes", "num_detections")}),
         ],
     ))
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+    env = fake_acl_env()
     server = start_server(repository, tmp_path / "server.log", env=env)
     try:
         rng = np.random.default_rng(5)

@@ -50,7 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2
 
 import crd_schema
-from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, copy_model, free_port, load_fake_acl, stop_server, wait_until
+from conftest import REPOSITORY, ROOT, Server, copy_model, fake_acl_env, free_port, load_fake_acl, stop_server, wait_until
 
 MANIFESTS = ROOT / "manifests"
 DOCKER = ROOT / "docker"
@@ -369,7 +369,7 @@ def runtime_ports(tmp_path_factory) -> dict[int, int]:
     ports = {flag: free_port() for flag in ("--http_port", "--grpc_port", "--metrics_port")}
     command = [str(Path(sys.executable).with_name("kserve-ascend")),
                *substitute(args, {"--model_dir": str(repository), **{f: str(p) for f, p in ports.items()}})]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **fake_acl_env()}
     log = repository.parent / "runtime.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)

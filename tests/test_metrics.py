@@ -5,7 +5,6 @@ prometheus_client's own parser: the counts match the requests sent, on the HTTP 
 
 from __future__ import annotations
 
-import os
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -18,7 +17,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import FAKE_ACL, copy_model, load_fake_acl, start_server, stop_server
+from conftest import copy_model, fake_acl_env, load_fake_acl, start_server, stop_server
 from kserve_ascend.core.runtimes.acl import AclRuntime
 
 
@@ -241,7 +240,7 @@ def om_server(tmp_path_factory):
     )
     copy_model("simple", repository)
     write_om_model(repository, "tracker", "")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+    env = fake_acl_env()
     server = start_server(repository, repository.parent / "om_metrics.log", "--metrics_port", "0", env=env)
     yield server
     stop_server(server)

@@ -9,7 +9,6 @@ and `.om` files on the FAKE pyACL module) and real Triton (ONNX).
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from onnx import TensorProto, helper
 from tritonclient.grpc import model_config_pb2 as mc
 from google.protobuf import text_format
 
-from conftest import FAKE_ACL, load_fake_acl, start_server, start_triton, stop_server
+from conftest import fake_acl_env, load_fake_acl, start_server, start_triton, stop_server
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.instance import Instance
 from kserve_ascend.core.runtimes import Runtime, TensorSpec
@@ -231,7 +230,7 @@ def kserve(tmp_path_factory):
             config += 'input [ { name: "images" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
             config += 'output [ { name: "scores" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
         (root / name / "config.pbtxt").write_text(config)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+    env = fake_acl_env()
     server = start_server(root, root.parent / "limits.log", env=env, wait="loaded")
     yield server
     stop_server(server)

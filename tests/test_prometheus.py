@@ -13,7 +13,6 @@ Prometheus' HTTP API and must return data.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -24,7 +23,7 @@ import pytest
 import requests
 import yaml
 
-from conftest import FAKE_ACL, ROOT, copy_model, free_port, load_fake_acl, start_server, start_triton, stop_server
+from conftest import ROOT, copy_model, fake_acl_env, free_port, load_fake_acl, start_server, start_triton, stop_server
 
 MANIFESTS = ROOT / "manifests"
 RUNTIME = MANIFESTS / "base" / "clusterservingruntime.yaml"
@@ -334,7 +333,7 @@ def stack(tmp_path_factory):
     """Prometheus with the static version of the shipped job, the servers playing the pods, after the load."""
     work = tmp_path_factory.mktemp("prometheus")
     (work / "triton").mkdir()
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")]))}
+    env = fake_acl_env()
     with ThreadPoolExecutor(3) as pool:
         starting = [pool.submit(start_server, write_repository(work / "primary", 1, om=True), work / "primary.log", env=env),
                     pool.submit(start_server, write_repository(work / "canary", 2, om=False), work / "canary.log", env=env),

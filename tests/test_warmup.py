@@ -7,7 +7,6 @@ to run `model_warmup` itself on an `ascend` model while the backend runs only th
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -20,7 +19,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import serialize_byte_tensor
 
-from conftest import FAKE_ACL, load_fake_acl, start_server, start_triton, stop_server, wait_until, write_faults
+from conftest import FAKE_ACL, fake_acl_env, load_fake_acl, start_server, start_triton, stop_server, wait_until, write_faults
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.warmup import configured_samples, default_samples
 
@@ -165,10 +164,7 @@ def kserve(tmp_path_factory):
     om_model(root, "failing")
     faults = root.parent / "warmup_faults.json"
     write_faults(faults, [])
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")])),
-        "FAKE_ACL_FAULTS": str(faults),
-    }
+    env = fake_acl_env(faults)
     startup = [arg for name in ("gears", "configured", "from_file", "no_warmup") for arg in ("--load_model", name)]
     server = start_server(root, root.parent / "warmup.log", "--model_control_mode", "explicit", *startup, env=env)
     yield server, faults
@@ -240,7 +236,7 @@ def test_models_waiting_for_their_turn_at_start_up_are_loading_not_unloaded(tmp_
     om_model(tmp_path, "c_next")
     faults = tmp_path / "faults.json"
     write_faults(faults, [{"call": "acl.mdl.set_dynamic_batch_size", "hang": True}])
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")])), "FAKE_ACL_FAULTS": str(faults)}
+    env = fake_acl_env(faults)
     server = start_server(tmp_path, tmp_path / "server.log", env=env, wait="live")
 
     def states() -> dict:

@@ -15,7 +15,6 @@ so which requests are queued and which executes is known without timing anything
 
 from __future__ import annotations
 
-import os
 import queue
 import socket
 import threading
@@ -28,7 +27,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FAKE_ACL, load_fake_acl, start_server, stop_server, write_faults
+from conftest import fake_acl_env, load_fake_acl, start_server, stop_server, write_faults
 
 MODEL = "held"
 ACL_FLOAT = 0
@@ -46,10 +45,7 @@ def server(request, tmp_path_factory):
     (root / MODEL / "config.pbtxt").write_text(f'name: "{MODEL}"\nbackend: "ascend"\nmax_batch_size: 1\n')
     faults = root.parent / "cancel_faults.json"
     write_faults(faults, [])
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")])),
-        "FAKE_ACL_FAULTS": str(faults),
-    }
+    env = fake_acl_env(faults)
     srv = start_server(root, root.parent / "cancel.log", env=env, workers=request.param)
     srv.faults = faults
     yield srv

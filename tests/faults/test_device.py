@@ -11,14 +11,13 @@ Faults are armed by writing the fake's control file (FAKE_ACL_FAULTS) while the 
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FAKE_ACL, load_fake_acl, start_server, stop_server, write_faults
+from conftest import fake_acl_env, load_fake_acl, start_server, stop_server, write_faults
 
 fake_acl = load_fake_acl()  # only to write .om descriptors; the servers import their own as `acl`
 MODEL_EXECUTE = 507011  # ACL_ERROR_RT_MODEL_EXECUTE, rt_error_codes.h: a failed execution, the context usable
@@ -65,10 +64,7 @@ def server(request, tmp_path_factory):
     (root / "seq" / "config.pbtxt").write_text(SEQUENCE)
     faults = root.parent / f"faults_device_{request.param}.json"
     write_faults(faults, [])
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_ACL), os.environ.get("PYTHONPATH")])),
-        "FAKE_ACL_FAULTS": str(faults),
-    }
+    env = fake_acl_env(faults)
     server = start_server(
         root, root.parent / f"faults_device_{request.param}.log", "--model_control_mode", "explicit",
         "--load_model", "pair", "--load_model", "seq", env=env, workers=request.param,
