@@ -24,8 +24,8 @@ As in Triton, `inference_stats` count requests, each charged with its whole exec
 phases, and `batch_stats` count executions by batch size (rows), with the execution's own
 phases (the edges' decoding and encoding belong to requests, not to an execution). A
 request's figures are recorded together once it has its answer, so any snapshot has equal
-`compute_*` counts (perf_analyzer refuses a server whose counts differ). A request without
-an edge (the V1 protocol, in-process calls) is recorded when its execution ends.
+`compute_*` counts (perf_analyzer refuses a server whose counts differ). `RequestTiming` is the
+one place a request is recorded.
 
 Updated only on the event loop, so no locking. A reader on another thread (a metrics scrape)
 copies a container before walking it (`list(...)` of a dict or list is atomic in CPython);
@@ -36,7 +36,6 @@ scrape settles.
 from __future__ import annotations
 
 import bisect
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -51,74 +50,75 @@ now_ns = time.perf_counter_ns
 
 
 class Execution:
-    """The phases of one execution (a batch on an instance), nanoseconds; `start` on the perf_counter clock."""
+    """The phases of one execution (a batch on an instance), nanoseconds; `start` on the perf_counter clock.
 
-    __slots__ = ("start", "input_ns", "infer_ns", "output_ns")
+    The scheduler makes one per execution and hands it to the runner, which notes how long its own
+    input phase (gathering, converting, padding) and output phase (unpadding, splitting) took;
+    `ran` then charges the rest of the run to `infer_ns`. A runner that notes nothing is all infer.
+    """
 
-    def __init__(self, start: int, input_ns: int, infer_ns: int, output_ns: int):
+    __slots__ = ("infer_ns", "input_ns", "output_ns", "start")
+
+    def __init__(self, start: int = 0, input_ns: int = 0, infer_ns: int = 0, output_ns: int = 0):
         self.start, self.input_ns, self.infer_ns, self.output_ns = start, input_ns, infer_ns, output_ns
 
-
-class _Phases(threading.local):
-    input_ns = 0
-    output_ns = 0
-
-
-_phases = _Phases()
-
-
-def report_phases(input_ns: int, output_ns: int) -> None:
-    """Called by a runner (an Instance) on its thread: how much of the run was its input and output phases."""
-    _phases.input_ns, _phases.output_ns = input_ns, output_ns
-
-
-def timed_run(runner, requests) -> tuple[list, Execution]:
-    """Runs `runner(requests)` on the calling thread; its results and its Execution.
-
-    What the runner reports (`report_phases`) is input and output, the rest of the call is
-    infer; a runner that reports nothing is all infer.
-    """
-    _phases.input_ns = _phases.output_ns = 0
-    start = now_ns()
-    results = runner(requests)
-    total = now_ns() - start
-    input_ns, output_ns = _phases.input_ns, _phases.output_ns
-    return results, Execution(start, input_ns, total - input_ns - output_ns, output_ns)
+    def ran(self, end: int) -> Execution:
+        """The run ended at `end`: what its runner did not note as input or output was inference."""
+        self.infer_ns = end - self.start - self.input_ns - self.output_ns
+        return self
 
 
 class RequestTiming:
-    """One request's way through the server, recorded in its version's statistics once answered.
+    """One request's way through the server, and the one place it is recorded in its version's statistics.
 
-    The edge makes it once the request's body is in, before decoding it; the scheduler
-    stamps its entering the queue and its execution; `answering()` wraps making and
-    encoding the answer and records the request on the way out: a success, or (if that
-    failed) a failure. A request refused before it reaches a scheduler is never recorded,
-    as in Triton.
+    Made when the request's body is in, before decoding (`start`: perf_counter_ns, the same
+    CLOCK_MONOTONIC in every process of the host). The scheduler that takes it calls `queued`
+    and, once its batch has run, `executed`; whoever then makes the answer calls `answering` before
+    and `answered` after (compute_output covers both). A request that fails once queued is recorded
+    by `failed` with Triton's reason. Recorded once, whichever comes first; a request refused
+    before a scheduler took it is never recorded, as in Triton.
     """
 
-    __slots__ = ("start", "enqueued", "execution", "stats", "_answering")
+    __slots__ = ("answer_start", "enqueued", "execution", "start", "stats")
 
-    def __init__(self) -> None:
-        self.start = now_ns()
+    def __init__(self, start: int | None = None) -> None:
+        self.start = now_ns() if start is None else start
         self.enqueued = 0
         self.execution: Execution | None = None
-        self.stats: VersionStats | None = None  # set by the scheduler that takes the request
+        self.stats: VersionStats | None = None
+        self.answer_start = 0
 
-    def answering(self) -> "RequestTiming":
-        """A context manager: the answer is made and encoded in it (compute_output), then recorded."""
-        return self
+    def queued(self, stats: VersionStats) -> None:
+        """A scheduler took the request: from now on it is counted, in `stats`."""
+        self.stats, self.enqueued = stats, now_ns()
 
-    def __enter__(self) -> None:
-        self._answering = now_ns()
+    def executed(self, execution: Execution) -> None:
+        self.execution = execution
 
-    def __exit__(self, kind, error, traceback) -> None:
-        if self.stats is None or self.execution is None:
-            return  # served without a scheduler's stamps: nothing to record it with
+    def answering(self) -> None:
+        """Making the answer of the outputs begins (classification, encoding)."""
+        self.answer_start = now_ns()
+
+    def answered(self, ok: bool = True, answer_ns: int | None = None) -> None:
+        """The answer is made (`ok`), or making it failed. `answer_ns`: how long making it took, when not
+        all of it since `answering` was this process's (with `--workers N` the engine adds the time the
+        frontend spent encoding to its own)."""
+        stats = self.stats
+        if stats is None or self.execution is None:
+            return  # never queued, or recorded already
+        self.stats = None
         end = now_ns()
-        if kind is None:
-            self.stats.record_success(self, end, end - self._answering)
+        if ok:
+            stats.record_success(self, end, end - self.answer_start if answer_ns is None else answer_ns)
         else:
-            self.stats.record_failure(end - self.start, "OTHER")
+            stats.record_failure(end - self.start, "OTHER")
+
+    def failed(self, reason: str) -> None:
+        """The request failed once queued, for `reason` (Triton's: REJECTED, CANCELED, BACKEND, OTHER)."""
+        stats = self.stats
+        if stats is not None:
+            self.stats = None
+            stats.record_failure(now_ns() - self.start, reason)
 
 
 @dataclass

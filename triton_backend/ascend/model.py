@@ -9,7 +9,6 @@ file only translates between Triton's requests and the core's `Instance`.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +17,11 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kserve_ascend.core import config as cfg
-from kserve_ascend.core import sequence, warmup
-from kserve_ascend.core.errors import AscendError, InvalidInput, ModelLoadError
-from kserve_ascend.core.instance import Instance, complete_config
-from kserve_ascend.core.model import checked_sha256
-from kserve_ascend.core.runtimes import load_runtime
-from kserve_ascend.core.signature import Signature
+from kserve_ascend.core.errors import AscendError, InvalidInput
+from kserve_ascend.core.execution import loading
+from kserve_ascend.core.execution.instance import complete_config
+from kserve_ascend.core.execution.runtimes import load_runtime
+from kserve_ascend.core.scheduling.sequences import StateStore
 
 #: The KServe server's `ascend_batch_padding_rows`, here one of Triton's custom metrics.
 PADDING_METRIC = "ascend_batch_padding_rows"
@@ -95,42 +93,37 @@ class TritonPythonModel:
         return auto_complete_model_config
 
     def initialize(self, args: dict) -> None:
-        """Loads the version's file on this instance's device, then runs the default warmup.
+        """Loads the version's file on this instance's device and warms it up, as the KServe server loads each of
+        its instances (`loading.load_instances`); Triton runs a config's `model_warmup` itself once this returns.
 
         Triton passes `model_config` (JSON), `model_repository` (the model's directory),
         `model_version`, `model_instance_name`, `model_instance_kind` and `model_instance_device_id`.
-        A config with `model_warmup` is warmed up by Triton itself, after this returns.
         """
-        config = _model_config(args["model_config"])
-        version_dir = Path(args["model_repository"]) / args["model_version"]
+        config = _as_triton_hands_them(_model_config(args["model_config"]))
+        self.outputs = [tensor.name for tensor in config.output]
         device_id = _instance_device(config, args)
-        path = cfg.model_file(config, version_dir)
-        checked_sha256(config, path, int(args["model_version"]))  # refuses a file the config does not expect
+        name = args["model_instance_name"]
+        loaded = loading.load_instances(
+            config, Path(args["model_repository"]), int(args["model_version"]), [device_id], configured_warmup=False
+        )
+        self.instance = loaded.instances[0]
+        self.signature, self.prepare_request = loaded.signature, loaded.prepare_request
         # A sequence model also takes the control inputs Triton's sequence batcher adds, and implicit
         # state, which this backend keeps (Triton's python backend cannot).
-        self.states = None
-        if config.HasField("sequence_batching"):
-            self.states = sequence.StateStore(sequence.SequenceBatching(config, Path(args["model_repository"])))
-        runtime = load_runtime(config, path, device_id)
-        name = args["model_instance_name"]
-        config = _as_triton_hands_them(config)
-        self.outputs = [tensor.name for tensor in config.output]
-        if self.states is not None:
-            config = self.states.sequences.model_config(config)
-        self.signature = Signature(config)
+        self.states = StateStore(loaded.sequences) if loaded.sequences is not None else None
+        runtime = self.instance.runtime
         try:
-            self.instance = Instance(runtime, self.signature)
             description = ", ".join(f"{k} {v}" for k, v in self.instance.parameters.items())
             pb_utils.Logger.log_info(
                 f"{name}: {runtime.path.name} with runtime {runtime.name} on device {device_id}"
                 + (f" ({description})" if description else "")
             )
-            if not config.model_warmup:
-                self._warm_up(name, config)
+            if loaded.samples:
+                warmup_ms = loading.warm_up(self.instance, loaded.samples, f"device {device_id}")
+                pb_utils.Logger.log_info(f"{name}: warmed up in {warmup_ms:.0f} ms ({len(loaded.samples)} samples)")
         except AscendError:
-            runtime.close()
+            loaded.close()
             raise
-        self.prepare_request = runtime.prepare_request
         # The family outlives its metric (the stub refuses the other order).
         self.padding_family = pb_utils.MetricFamily(
             name=PADDING_METRIC,
@@ -138,19 +131,6 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.COUNTER,
         )
         self.padding = self.padding_family.Metric(labels={"model": args["model_name"], "version": args["model_version"]})
-
-    def _warm_up(self, name: str, config: mc.ModelConfig) -> None:
-        samples = warmup.default_samples(config, self.instance)
-        if not samples:
-            return
-        start = time.perf_counter()
-        for sample in samples:
-            try:
-                self.instance.run_batch([sample.inputs])
-            except AscendError as error:
-                raise ModelLoadError(f"warmup sample '{sample.name}' failed: {error}") from None
-        self.instance.padding_rows = 0
-        pb_utils.Logger.log_info(f"{name}: warmed up in {(time.perf_counter() - start) * 1000:.0f} ms ({len(samples)} samples)")
 
     def execute(self, requests: list) -> list:
         """Runs the requests Triton's batcher gathered as one batch; a bad request fails alone."""
@@ -165,9 +145,8 @@ class TritonPythonModel:
                         inputs[name] = tensor.as_numpy()
                 if self.states is not None:
                     inputs.update(self.states.inputs(request.correlation_id(), request.flags()))
-                self.signature.check_inputs(inputs)
-                if self.prepare_request is not None:
-                    inputs = self.prepare_request(inputs, json.loads(request.parameters() or "{}"))
+                parameters = json.loads(request.parameters() or "{}") if self.prepare_request is not None else {}
+                _, inputs = loading.accept(self.signature, self.prepare_request, inputs, parameters)
             except InvalidInput as error:
                 responses[position] = _error(error, pb_utils.TritonError.INVALID_ARG)
                 continue

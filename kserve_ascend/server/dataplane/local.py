@@ -1,0 +1,175 @@
+"""The data plane over the repository this process serves: the one-process server's, and the engine's.
+
+Once shutdown begins (`stopping`), readiness is false and a new inference is refused with
+Unavailable (503 / UNAVAILABLE: a load balancer retries it on another replica); the lifecycle
+then waits for the requests already accepted (`lifecycle.Lifecycle`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from google.protobuf import json_format
+from prometheus_client import CollectorRegistry, generate_latest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ... import __version__
+from ...core.config import normalized, parse_version
+from ...core.contracts import RequestOptions, ServedVersion
+from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from ...core.models import classification
+from ...core.models.repository import Repository
+from ...core.stats import RequestTiming
+from . import EXTENSIONS, SERVER_NAME, SHUTTING_DOWN, InferRequest
+from .shm import SharedMemoryRegistry
+
+log = logging.getLogger(__name__)
+
+
+class Answer:
+    """An inference's outputs; the request is recorded once its answer is made (`answering`)."""
+
+    __slots__ = ("model_name", "model_version", "outputs", "timing")
+
+    def __init__(self, served: ServedVersion, outputs: dict, timing: RequestTiming):
+        self.model_name, self.model_version, self.outputs, self.timing = served.name, served.version, outputs, timing
+
+    def answering(self) -> Answer:
+        return self
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.timing.answered(kind is None)
+
+
+class LocalDataPlane:
+    """`DataPlane` over `repository`; `metrics_registry` is what `metrics` renders (the process's, or the engine's)."""
+
+    def __init__(self, repository: Repository, explicit_control: bool, metrics_registry: CollectorRegistry):
+        self.repository = repository
+        self.explicit_control = explicit_control  # whether clients may load and unload models
+        self.metrics_registry = metrics_registry
+        self.loaded = False  # set once the start-up load of the repository has finished
+        self.stopping = False
+        self.regions = SharedMemoryRegistry()
+
+    def model_names(self) -> list[str]:
+        return list(self.repository.models)
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    async def ready(self) -> bool:
+        return self.loaded and self.repository.ready and not self.stopping
+
+    async def unready_reason(self, name: str, version: str = "") -> str:
+        parse_version(version)  # a version string that is no number is an error (InvalidInput), as in Triton
+        model = self.repository.models.get(name)  # a name that is no directory is an unknown model
+        if model is None:
+            return f"Request for unknown model: '{name}' is not found"
+        try:
+            model.version(version)
+        except (ModelNotFound, ModelNotReady) as error:
+            return str(error)
+        return SHUTTING_DOWN if self.stopping else ""
+
+    async def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        model = self.repository.get(name)
+        served = model.version(version)
+        signature = served.signature
+
+        def describe(tensors):
+            return [{"name": t.name, "datatype": t.datatype, "shape": signature.shape(t)} for t in tensors.values()]
+
+        return {
+            "name": name,
+            "versions": [str(v) for v in sorted(model.versions)],
+            "platform": served.config.platform or served.config.backend or "ascend",
+            "inputs": describe(signature.inputs),
+            "outputs": describe(signature.outputs),
+            "parameters": dict(served.runtime_info),
+        }
+
+    async def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return normalized(self.repository.get(name).version(version).config)
+
+    async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if name:
+            model = self.repository.get(name)
+            versions = [model.version(version)] if version else [model.versions[v] for v in sorted(model.versions)]
+        else:
+            versions = [m.versions[v] for m in self.repository.models.values() for v in sorted(m.versions)]
+        return {"model_stats": [v.statistics() for v in versions]}
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        return self.repository.index()
+
+    async def load_model(self, name: str, config_json: str | None = None) -> None:
+        """The repository extension's load: (re)loads a model, from `config_json` instead of config.pbtxt if given.
+
+        Every failure says "failed to load '<name>'", Triton's words, which its clients and
+        examples match on; a model the client asked for that is broken is a 400, as in Triton.
+        """
+        self._check_explicit_control()
+        try:
+            await self.repository.load(name, _override(name, config_json))
+        except ModelLoadError as error:
+            raise InvalidInput(f"failed to load '{name}': {error}") from None
+        except (InvalidInput, ModelNotFound) as error:
+            raise type(error)(f"failed to load '{name}': {error}") from None
+
+    async def unload_model(self, name: str) -> None:
+        self._check_explicit_control()
+        await self.repository.unload(name)
+
+    def _check_explicit_control(self) -> None:
+        if not self.explicit_control:
+            raise InvalidInput("explicit model load / unload is not allowed: start the server with --model_control_mode explicit")
+
+    async def infer(self, request: InferRequest) -> Answer:
+        """Runs a decoded request; its answer, for the edge to encode inside `answering()`."""
+        if self.stopping:  # no await from here to the scheduler: a request is refused here or drained
+            raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
+        served = self.repository.get(request.model_name).version(request.model_version)
+        timing = RequestTiming(request.received_ns)
+        outputs = await served.infer(request.inputs, request.outputs, RequestOptions.parse(request.parameters), timing)
+        timing.answering()  # compute_output: what is made of the outputs, then their encoding at the edge
+        if request.classification:
+            try:
+                outputs = classification.classify(outputs, request.classification, served.labels, served.signature.batching)
+            except BaseException:
+                timing.answered(False)
+                raise
+        return Answer(served, outputs, timing)
+
+    async def shm_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self.regions.status(name)
+
+    async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.regions.register(name, key, offset, byte_size)
+
+    async def shm_unregister(self, name: str = "") -> None:
+        self.regions.unregister(name)
+
+    async def metrics(self) -> bytes:
+        return generate_latest(self.metrics_registry)
+
+    def close(self) -> None:
+        """Unmaps the regions clients left registered."""
+        self.regions.close()
+
+
+def _override(name: str, config_json: str | None) -> mc.ModelConfig | None:
+    """The config a load request gives in place of config.pbtxt, if any."""
+    if config_json is None:
+        return None
+    try:
+        override = json_format.Parse(config_json, mc.ModelConfig())
+    except json_format.ParseError as error:
+        raise InvalidInput(f"the 'config' parameter is not a ModelConfig in JSON: {error}") from None
+    if override.name and override.name != name:
+        raise InvalidInput(f"the 'config' parameter names the model '{override.name}', not '{name}'")
+    return override
