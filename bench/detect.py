@@ -33,7 +33,7 @@ from PIL import Image, ImageDraw
 
 from servers import REPOSITORY, start_server, stop_server
 
-from kserve_ascend.core.model import Model
+from kserve_ascend.core.models.model import Model
 
 MODEL = "yolov8n_detect"
 #: The ensemble's steps, in order.

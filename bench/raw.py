@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-from kserve_ascend.core.model import Model
+from kserve_ascend.core.models.model import Model
 
 from payloads import inputs, model_dir
 from summary import summarize

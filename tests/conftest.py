@@ -23,6 +23,14 @@ REPOSITORY = ROOT / "model_repository"
 FAKE_ACL = ROOT / "tests" / "fake_acl"
 
 
+def core_request(inputs: dict, rows: int = 1, priority: int | None = None, timeout_us: int | None = None):
+    """A request as the core's schedulers take it (`contracts.Request`), for tests that drive a scheduler directly."""
+    from kserve_ascend.core.contracts import Request, RequestOptions
+    from kserve_ascend.core.stats import RequestTiming
+
+    return Request(inputs, rows, (), RequestOptions({}, priority, timeout_us), RequestTiming())
+
+
 def load_fake_acl():
     """A fresh copy of the FAKE pyACL module, loaded from its file under its own name
     (so `import acl` stays unresolvable in the test process)."""

@@ -15,8 +15,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import FAKE_ACL, ROOT, load_fake_acl
 from kserve_ascend.core.errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
-from kserve_ascend.core.runtimes import acl as acl_runtime
-from kserve_ascend.core.runtimes.acl import AclRuntime, served_output_names
+from kserve_ascend.core.execution.runtimes import acl as acl_runtime
+from kserve_ascend.core.execution.runtimes.acl import AclRuntime, served_output_names
 
 #: One FAKE pyACL for most tests; ACL's initialisation outlives fake_reset() as it outlives every
 #: model of a process. Tests about the process itself take a `fresh` copy: a new process.
@@ -250,7 +250,7 @@ def test_om_and_a_cann_ep_user_share_acl_in_either_order(fresh, static_om, newer
 def test_onnxruntime_initialises_acl_before_the_first_acl_init_only(fresh, static_om, monkeypatch):
     """Where ONNX Runtime has the CANN EP, its provider initialises ACL (simulated here by an external
     user); acl.init then answers 100002 and ACL is never ours to finalize."""
-    from kserve_ascend.core.runtimes import onnx as onnx_runtime
+    from kserve_ascend.core.execution.runtimes import onnx as onnx_runtime
 
     providers = []
     monkeypatch.setattr(onnx_runtime, "initialise_acl", lambda device_id: providers.append(fresh.fake_external_user(device_id)))
@@ -285,7 +285,7 @@ def report():  # registered first, so it runs after the runtime module's own han
     print(acl.fake_call_names().count("acl.finalize"), acl.fake_initialized(), acl.fake_leaks(), flush=True)
 
 atexit.register(report)
-from kserve_ascend.core.runtimes.acl import AclRuntime
+from kserve_ascend.core.execution.runtimes.acl import AclRuntime
 runtime = AclRuntime(sys.argv[1], 0, mc.ModelConfig())
 if sys.argv[2] == "close":
     runtime.close()

@@ -17,8 +17,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import copy_model, start_server, stop_server
-from kserve_ascend.core.batching import BatchQueue, Scheduler
+from conftest import copy_model, core_request, start_server, stop_server
+from kserve_ascend.core.scheduling.batcher import DynamicBatcher
+from kserve_ascend.core.scheduling.queue import BatchQueue
+from kserve_ascend.core.stats import VersionStats
 
 
 class RecordingRunner:
@@ -31,7 +33,7 @@ class RecordingRunner:
         self.most_active = 0
         self._lock = threading.Lock()
 
-    def __call__(self, requests):
+    def __call__(self, requests, execution=None):
         with self._lock:
             self.active += 1
             self.most_active = max(self.most_active, self.active)
@@ -50,12 +52,12 @@ def run_scheduler(rows: list[int], *, max_batch: int = 8, delay_us: int | None =
     executors = [ThreadPoolExecutor(1) for _ in range(instances)]
 
     async def main():
-        scheduler = Scheduler([runner] * instances, executors, BatchQueue(max_batch, dynamic))
+        scheduler = DynamicBatcher([runner] * instances, executors, BatchQueue(max_batch, dynamic), VersionStats())
 
         async def one(index, count):
             await asyncio.sleep(arrivals[index] if arrivals else stagger * index)
             x = np.full((count, 2), index, dtype=np.int64)
-            return await scheduler.submit({"x": x}, count, ((2,),))
+            return await scheduler.submit(core_request({"x": x}, count))
 
         results = await asyncio.gather(*(one(i, n) for i, n in enumerate(rows)))
         scheduler.close(RuntimeError("closed"))
@@ -114,16 +116,16 @@ def test_instances_run_batches_concurrently_from_one_queue():
 def test_a_failed_execution_fails_only_its_own_batch():
     calls = []
 
-    def runner(requests):
+    def runner(requests, execution=None):
         calls.append(len(requests))
         if len(calls) == 1:
             raise RuntimeError("device fell over")
         return [{"y": r["x"]} for r in requests]
 
     async def main():
-        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], BatchQueue(2, mc.ModelDynamicBatching(max_queue_delay_microseconds=100_000)))
+        scheduler = DynamicBatcher([runner], [ThreadPoolExecutor(1)], BatchQueue(2, mc.ModelDynamicBatching(max_queue_delay_microseconds=100_000)), VersionStats())
         x = np.zeros((1, 1))
-        results = await asyncio.gather(*(scheduler.submit({"x": x}, 1, ()) for _ in range(4)), return_exceptions=True)
+        results = await asyncio.gather(*(scheduler.submit(core_request({"x": x})) for _ in range(4)), return_exceptions=True)
         scheduler.close(RuntimeError("closed"))
         return results
 

@@ -31,8 +31,8 @@ from onnx import TensorProto, helper
 
 from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, free_port, load_fake_acl, stop_server, wait_until
 from kserve_ascend.core.errors import ModelLoadError
-from kserve_ascend.core.runtimes import onnx as onnx_runtime
-from kserve_ascend.core.runtimes.tiny_onnx import relu_model
+from kserve_ascend.core.execution.runtimes import onnx as onnx_runtime
+from kserve_ascend.core.execution.runtimes.tiny_onnx import relu_model
 
 CANN_VENV = ROOT / ".venv" / "cann"
 CANN_PYTHON = CANN_VENV / "bin" / "python"
@@ -388,7 +388,7 @@ def test_no_onnxruntime_names_both_extras(tmp_path):
     script = (
         "from pathlib import Path\n"
         "from kserve_ascend.core.errors import ModelLoadError\n"
-        "from kserve_ascend.core.runtimes import load_runtime\n"
+        "from kserve_ascend.core.execution.runtimes import load_runtime\n"
         "from tritonclient.grpc import model_config_pb2 as mc\n"
         "try:\n"
         f"    load_runtime(mc.ModelConfig(name='m'), Path({str(SIMPLE)!r}), 0)\n"

@@ -22,7 +22,7 @@ from PIL import Image
 from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, both_servers
-from kserve_ascend.core import classification
+from kserve_ascend.core.models import classification
 from kserve_ascend.core.errors import InvalidInput, ModelLoadError
 
 CONFORMANCE = ROOT / "conformance" / "models"

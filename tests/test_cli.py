@@ -51,7 +51,7 @@ def test_ignored_kserve_flags_are_accepted_with_a_warning_each(tmp_path):
 
 
 def test_model_dir_defaults_to_mnt_models():
-    from kserve_ascend.server.app import build_parser
+    from kserve_ascend.server.cli import build_parser
 
     args = build_parser().parse_args([])
     assert args.model_dir == "/mnt/models"

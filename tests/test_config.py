@@ -13,8 +13,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from conftest import REPOSITORY, copy_model
 from kserve_ascend.core import config as cfg
 from kserve_ascend.core.errors import ModelLoadError
-from kserve_ascend.core.model import Model
-from kserve_ascend.core.runtimes import runtime_name
+from kserve_ascend.core.models.model import Model
+from kserve_ascend.core.execution.runtimes import runtime_name
 
 
 def parse(text: str) -> mc.ModelConfig:

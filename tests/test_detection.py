@@ -27,8 +27,8 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import copy_model
 from kserve_ascend.core.errors import ModelLoadError
-from kserve_ascend.core.model import Model
-from kserve_ascend.core.processing import image
+from kserve_ascend.core.models.model import Model
+from kserve_ascend.core.execution.processing import image
 
 MODEL = "yolov8n_detect"
 OUTPUTS = ("detection_boxes", "detection_scores", "detection_classes", "num_detections")

@@ -28,8 +28,8 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import both_servers, copy_model, fake_acl_env, load_fake_acl, start_server, start_triton, stop_server
 from kserve_ascend.core.errors import ModelLoadError
-from kserve_ascend.core.processing import image, yolo
-from kserve_ascend.core.repository import Repository
+from kserve_ascend.core.execution.processing import image, yolo
+from kserve_ascend.core.models.repository import Repository
 
 A = np.arange(32, dtype=np.int32).reshape(2, 16)
 B = np.full((2, 16), 3, dtype=np.int32)
@@ -276,7 +276,7 @@ def test_an_ensemble_follows_its_step_model_in_explicit_mode(tmp_path):
 
 
 def test_an_ensemble_outside_a_repository_cannot_load(tmp_path):
-    from kserve_ascend.core.model import Model
+    from kserve_ascend.core.models.model import Model
 
     model_dir = tmp_path / "single"
     (model_dir / "1").mkdir(parents=True)

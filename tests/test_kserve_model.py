@@ -5,8 +5,8 @@ import asyncio
 import numpy as np
 
 from conftest import REPOSITORY
-from kserve_ascend.core.model import Model
-from kserve_ascend.server.model import AscendModel
+from kserve_ascend.core.models.model import Model
+from kserve_ascend.server.edges.kserve_model import AscendModel
 from kserve.protocol.infer_type import InferInput, InferRequest
 
 

@@ -404,7 +404,7 @@ def mindie_server(tmp_path_factory) -> dict[int | str, int]:
     """The Deployment's container as it runs: the image's entrypoint (kserve-ascend) with the
     container's args, ports and model_dir substituted, on the repository the init container
     downloads; yields each port of the manifest (number or name) -> the port it has here."""
-    from kserve_ascend.server.app import build_parser
+    from kserve_ascend.server.cli import build_parser
 
     container = mindie_container()
     build_parser().parse_args(container["args"])  # the server's own flags, or SystemExit
@@ -426,7 +426,7 @@ def mindie_server(tmp_path_factory) -> dict[int | str, int]:
 
 
 def test_the_mindie_deployments_args_are_the_servers_and_its_ports_are_theirs():
-    from kserve_ascend.server.app import build_parser
+    from kserve_ascend.server.cli import build_parser
 
     container = mindie_container()
     args = build_parser().parse_args(container["args"])

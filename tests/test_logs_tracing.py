@@ -73,17 +73,17 @@ def test_json_logs_are_one_object_per_line_naming_the_request(sim_repository, tm
         return {record["logger"] for record in by_id.get(request_id, [])}
 
     # The edge's line about the mistake and uvicorn's access line both carry the request's id.
-    assert loggers("oip-1") == {"kserve_ascend.server.rest", "uvicorn.access"}
+    assert loggers("oip-1") == {"kserve_ascend.server.edges.rest", "uvicorn.access"}
     assert "has shape [1, 5]" in by_id["oip-1"][0]["message"]
-    assert loggers("oip-2") == {"kserve_ascend.server.rest", "uvicorn.access"} and "hdr-0" not in by_id
-    assert loggers("hdr-1") == {"kserve_ascend.server.rest", "uvicorn.access"}
-    assert loggers("grpc-1") == {"kserve_ascend.server.grpc"}
-    assert loggers("grpc-hdr-1") == {"kserve_ascend.server.grpc"}
+    assert loggers("oip-2") == {"kserve_ascend.server.edges.rest", "uvicorn.access"} and "hdr-0" not in by_id
+    assert loggers("hdr-1") == {"kserve_ascend.server.edges.rest", "uvicorn.access"}
+    assert loggers("grpc-1") == {"kserve_ascend.server.edges.grpc"}
+    assert loggers("grpc-hdr-1") == {"kserve_ascend.server.edges.grpc"}
     assert loggers("ok-1") == {"uvicorn.access"}
     # A request without an id gets a fresh one, the same on each of its lines.
-    mistakes = {r["request_id"] for r in records if r["logger"] == "kserve_ascend.server.rest" and "has shape" in r["message"]}
+    mistakes = {r["request_id"] for r in records if r["logger"] == "kserve_ascend.server.edges.rest" and "has shape" in r["message"]}
     (fresh,) = mistakes - {"oip-1", "oip-2"}
-    assert loggers(fresh) == {"kserve_ascend.server.rest", "uvicorn.access"} and len(by_id[fresh]) == 2
+    assert loggers(fresh) == {"kserve_ascend.server.edges.rest", "uvicorn.access"} and len(by_id[fresh]) == 2
     # Lines outside any request (start-up, shutdown) have none.
     assert any("repository loaded" in record["message"] for record in by_id[None])
 
@@ -96,7 +96,7 @@ def test_text_logs_keep_kserves_look_and_add_the_request_id(sim_repository, tmp_
         stop_server(server)
     lines = [line for line in log_lines(server) if "request_id=oip-7" in line]
     assert len(lines) == 1  # the edge's line: no access line unless --enable_access_log, as in Triton
-    assert "kserve_ascend.server.rest INFO" in lines[0]
+    assert "kserve_ascend.server.edges.rest INFO" in lines[0]
     assert lines[0].endswith("has shape [1, 5], the model expects [-1, 4] request_id=oip-7")
     assert not any("uvicorn.access" in line or '"POST /v2/models/sim/infer' in line for line in log_lines(server))
     assert not any("request_id=" in line for line in log_lines(server) if "repository loaded" in line)

@@ -326,7 +326,7 @@ def substitute(args: list[str], values: dict[str, str]) -> list[str]:
 
 
 def test_the_runtime_args_are_the_servers_flags():
-    from kserve_ascend.server.app import build_parser
+    from kserve_ascend.server.cli import build_parser
 
     runtime = the(RUNTIME, "ClusterServingRuntime")
     container = runtime_container()
@@ -733,7 +733,7 @@ def shutdown_timeout_s(container: dict) -> float:
     """How long the server in a project image's container may take to stop after SIGTERM, by its flags."""
     if container["image"].startswith("kserve-ascend-triton:"):
         return float(flag_values(container.get("args", [])).get("--exit-timeout-secs", TRITON_EXIT_TIMEOUT_S))
-    from kserve_ascend.server.app import build_parser
+    from kserve_ascend.server.cli import build_parser
 
     return build_parser().parse_args(container["args"]).shutdown_timeout_s
 

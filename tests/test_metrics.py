@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import copy_model, fake_acl_env, load_fake_acl, start_server, stop_server
-from kserve_ascend.core.runtimes.acl import AclRuntime
+from kserve_ascend.core.execution.runtimes.acl import AclRuntime
 
 
 # One instance busy 2 s per request, one request may wait, no batching: of 4 concurrent

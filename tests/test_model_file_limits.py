@@ -23,8 +23,8 @@ from google.protobuf import text_format
 
 from conftest import fake_acl_env, load_fake_acl, start_server, start_triton, stop_server
 from kserve_ascend.core.errors import ModelLoadError
-from kserve_ascend.core.instance import Instance
-from kserve_ascend.core.runtimes import Runtime, TensorSpec
+from kserve_ascend.core.execution.instance import Instance
+from kserve_ascend.core.execution.runtimes import Runtime, TensorSpec
 from kserve_ascend.core.signature import Signature
 
 ACL_FLOAT, ACL_FLOAT16 = 0, 1

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from kserve_ascend.core.errors import InvalidInput
-from kserve_ascend.core.processing import image, yolo
+from kserve_ascend.core.execution.processing import image, yolo
 
 SIZE = (640, 640)
 

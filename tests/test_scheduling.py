@@ -15,9 +15,11 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, start_server, stop_server
-from kserve_ascend.core.adaptive import AdaptiveBatchLimit
-from kserve_ascend.core.batching import BatchQueue, Scheduler
+from conftest import copy_model, core_request, start_server, stop_server
+from kserve_ascend.core.scheduling.adaptive import AdaptiveBatchLimit
+from kserve_ascend.core.scheduling.batcher import DynamicBatcher
+from kserve_ascend.core.scheduling.queue import BatchQueue
+from kserve_ascend.core.stats import VersionStats
 from kserve_ascend.core.errors import InvalidInput, Unavailable
 
 
@@ -32,14 +34,14 @@ class SleepyRunner:
         self.fixed, self.per_item = fixed, per_item
         self.batches: list[list[int]] = []
 
-    def __call__(self, requests):
+    def __call__(self, requests, execution=None):
         self.batches.append([int(r["x"][0, 0]) for r in requests])
         time.sleep(self.fixed + self.per_item * sum(len(r["x"]) for r in requests))
         return [{"y": r["x"]} for r in requests]
 
 
-def submit(scheduler, tag: int, **kwargs):
-    return scheduler.submit({"x": np.full((1, 1), tag)}, 1, ((1,),), **kwargs)
+def submit(scheduler, tag: int, **options):
+    return scheduler.submit(core_request({"x": np.full((1, 1), tag)}, **options))
 
 
 def test_urgent_requests_jump_the_queue():
@@ -48,7 +50,7 @@ def test_urgent_requests_jump_the_queue():
 
     async def main():
         queue = BatchQueue(1, dynamic("priority_levels: 2 default_priority_level: 2"))
-        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], queue)
+        scheduler = DynamicBatcher([runner], [ThreadPoolExecutor(1)], queue, VersionStats())
         first = asyncio.ensure_future(submit(scheduler, 0))  # occupies the only instance
         await asyncio.sleep(0.01)
         ordinary = [asyncio.ensure_future(submit(scheduler, tag)) for tag in (1, 2, 3)]
@@ -63,7 +65,7 @@ def test_urgent_requests_jump_the_queue():
 def test_priority_outside_the_levels_is_a_client_error():
     async def main():
         queue = BatchQueue(4, dynamic("priority_levels: 2"))
-        scheduler = Scheduler([SleepyRunner(0)], [ThreadPoolExecutor(1)], queue)
+        scheduler = DynamicBatcher([SleepyRunner(0)], [ThreadPoolExecutor(1)], queue, VersionStats())
         with pytest.raises(InvalidInput, match="outside the model's priority levels 1..2"):
             await submit(scheduler, 0, priority=3)
 
@@ -73,7 +75,7 @@ def test_priority_outside_the_levels_is_a_client_error():
 def test_full_queue_rejects_at_once():
     async def main():
         queue = BatchQueue(1, dynamic("default_queue_policy { max_queue_size: 2 }"))
-        scheduler = Scheduler([SleepyRunner(0.1)], [ThreadPoolExecutor(1)], queue)
+        scheduler = DynamicBatcher([SleepyRunner(0.1)], [ThreadPoolExecutor(1)], queue, VersionStats())
         running = asyncio.ensure_future(submit(scheduler, 0))
         await asyncio.sleep(0.02)  # the first request left the queue for the instance
         waiting = [asyncio.ensure_future(submit(scheduler, tag)) for tag in (1, 2)]
@@ -92,7 +94,7 @@ def test_queue_timeout_rejects_or_delays(action):
     async def main():
         policy = f"default_queue_policy {{ timeout_action: {action} default_timeout_microseconds: 30000 allow_timeout_override: true }}"
         queue = BatchQueue(1, dynamic(policy))
-        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], queue)
+        scheduler = DynamicBatcher([runner], [ThreadPoolExecutor(1)], queue, VersionStats())
         busy = asyncio.ensure_future(submit(scheduler, 0))
         await asyncio.sleep(0.01)
         timing_out = asyncio.ensure_future(submit(scheduler, 1))
@@ -129,7 +131,7 @@ def test_adaptive_batching_in_the_scheduler_under_load():
 
     async def main():
         queue = BatchQueue(8, dynamic("max_queue_delay_microseconds: 5000"), latency_target_ms=77)
-        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], queue)
+        scheduler = DynamicBatcher([runner], [ThreadPoolExecutor(1)], queue, VersionStats())
 
         async def client(tag):
             for _ in range(8):

@@ -454,7 +454,7 @@ def test_grpc_repository_refuses_names_that_are_not_one_directory(limited_server
 
 
 def test_jwt_algorithms_follow_the_key_type():
-    from kserve_ascend.server.auth import Authenticator, Unauthenticated
+    from kserve_ascend.server.edges.auth import Authenticator, Unauthenticated
 
     for private, algorithm, other in (
         (ec.generate_private_key(ec.SECP256R1()), "ES256", "RS256"),

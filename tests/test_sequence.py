@@ -30,10 +30,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from conftest import REPOSITORY, ROOT, copy_model, start_server, start_triton, stop_server
-from kserve_ascend.core import sequence
+from kserve_ascend.core.scheduling import sequences as sequence
 from kserve_ascend.core.errors import InvalidInput, ModelLoadError
-from kserve_ascend.core.sequencer import SequenceScheduler
-from kserve_ascend.core.stats import VersionStats
+from kserve_ascend.core.scheduling.sequencer import SequenceScheduler
+from kserve_ascend.core.contracts import Request, RequestOptions
+from kserve_ascend.core.stats import RequestTiming, VersionStats
 
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -433,7 +434,7 @@ def test_direct_batches_put_each_sequence_in_its_slot_with_null_requests_between
     batching = sequence.SequenceBatching(sequence_config(f"direct {{ }} {START} {READY} {CORRID} {STATE}"), tmp_path)
     batches = []
 
-    def runner(requests):
+    def runner(requests, execution=None):
         batches.append([{name: array.tolist() for name, array in r.items()} for r in requests])
         return [{"OUTPUT": r["INPUT"], "S_OUT": r["S_IN"] + r["INPUT"]} for r in requests]
 
@@ -446,7 +447,8 @@ def test_direct_batches_put_each_sequence_in_its_slot_with_null_requests_between
     async def scenario():
         scheduler = SequenceScheduler(batching, ["OUTPUT"], [runner], [pool], VersionStats(), [{}])
         for value, parameters in requests:
-            await scheduler.submit({"INPUT": np.full((1, 1), value, np.int32)}, 1, parameters)
+            options = RequestOptions.parse(parameters)
+            await scheduler.submit(Request({"INPUT": np.full((1, 1), value, np.int32)}, 1, (), options, RequestTiming()))
         scheduler.close(RuntimeError("done"))
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -24,10 +24,10 @@ from tritonclient.grpc import service_pb2 as pb
 
 from conftest import REPOSITORY, copy_model, start_server, stop_server
 from kserve_ascend.core.config import read_config
-from kserve_ascend.core.instance import Instance
-from kserve_ascend.core.runtimes.sim import SimRuntime
+from kserve_ascend.core.execution.instance import Instance
+from kserve_ascend.core.execution.runtimes.sim import SimRuntime
 from kserve_ascend.core.signature import Signature
-from kserve_ascend.core.stats import timed_run
+from kserve_ascend.core.stats import Execution, now_ns
 
 #: sim's config.pbtxt: an execution of b rows sleeps 20 + 1·b ms.
 SIM_FIXED_MS, SIM_PER_ROW_MS = 20, 1
@@ -37,11 +37,18 @@ COMPUTE = ("compute_input", "compute_infer", "compute_output")
 # ---- the core, in-process ----------------------------------------------------------------------
 
 
-def test_an_instance_reports_its_input_and_output_phases_apart_from_the_run():
+def timed(runner, requests) -> tuple[list, Execution]:
+    """`runner(requests, execution)` as the scheduler runs it: its results and the execution's phases."""
+    execution = Execution(now_ns())
+    results = runner(requests, execution)
+    return results, execution.ran(now_ns())
+
+
+def test_an_instance_notes_its_input_and_output_phases_apart_from_the_run():
     config = read_config(REPOSITORY / "sim")
     instance = Instance(SimRuntime(Path("model.sim"), 0, config), Signature(config))
     batch = [{"INPUT0": np.full((rows, 4), rows, np.float32)} for rows in (1, 2)]
-    results, execution = timed_run(instance.run_batch, batch)
+    results, execution = timed(instance.run_batch, batch)
     for request, result in zip(batch, results, strict=True):
         np.testing.assert_array_equal(result["OUTPUT0"], request["INPUT0"])
     # The run holds the simulated device's sleep (a lower bound it guarantees); gathering and splitting are apart.
@@ -49,11 +56,12 @@ def test_an_instance_reports_its_input_and_output_phases_apart_from_the_run():
     assert execution.input_ns > 0 and execution.output_ns > 0
 
 
-def test_a_runner_that_reports_no_phases_is_all_infer():
+def test_a_runner_that_notes_no_phases_is_all_infer():
+    """Phases belong to their execution: what an earlier run on the same thread noted is not the next one's."""
     config = read_config(REPOSITORY / "sim")
     instance = Instance(SimRuntime(Path("model.sim"), 0, config), Signature(config))
-    timed_run(instance.run_batch, [{"INPUT0": np.ones((1, 4), np.float32)}])  # leaves its phases on this thread
-    results, execution = timed_run(lambda requests: list(requests), [{"x": 1}])
+    timed(instance.run_batch, [{"INPUT0": np.ones((1, 4), np.float32)}])
+    results, execution = timed(lambda requests, execution: list(requests), [{"x": 1}])
     assert results == [{"x": 1}]
     assert (execution.input_ns, execution.output_ns) == (0, 0) and execution.infer_ns > 0
 

@@ -21,7 +21,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from conftest import FAKE_ACL, fake_acl_env, load_fake_acl, start_server, start_triton, stop_server, wait_until, write_faults
 from kserve_ascend.core.errors import ModelLoadError
-from kserve_ascend.core.warmup import configured_samples, default_samples
+from kserve_ascend.core.execution.warmup import configured_samples, default_samples
 
 ACL_FLOAT = 0
 

@@ -383,14 +383,43 @@ def test_a_port_in_use_is_refused_before_any_frontend_starts():
 # ---------------------------------------------------------------- what crosses between the processes
 
 
+class Linked:
+    """The engine's end of a frontend's channel (over a data plane of `repository`) and the frontend's data plane, in
+    one process and on one loop, as `--workers N` connects them; each message each way recorded with its size."""
+
+    def __init__(self, repository):
+        from prometheus_client import CollectorRegistry
+
+        from kserve_ascend.server.dataplane.local import LocalDataPlane
+        from kserve_ascend.server.workers import messages
+        from kserve_ascend.server.workers.control import ControlPage
+        from kserve_ascend.server.workers.link import FrontendLink
+        from kserve_ascend.server.workers.remote import RemoteDataPlane
+
+        self.dataplane = LocalDataPlane(repository, False, CollectorRegistry())
+        engine_end, frontend_end = socket.socketpair()
+        self.link = FrontendLink(self.dataplane, engine_end, lambda: None)
+        self.frontend = RemoteDataPlane(frontend_end, lambda now: None)
+        self.sent: dict[str, list] = {"to engine": [], "to frontend": []}
+        for channel, direction in ((self.link.channel, "to engine"), (self.frontend.channel, "to frontend")):
+            handle = channel.on_message
+            channel.on_message = lambda message, handle=handle, direction=direction: (
+                self.sent[direction].append((message, len(messages.encoder.encode(message)))), handle(message)
+            )
+        page = ControlPage.create()
+        self.link.start([(messages.Control(page.SIZE), page.share())])
+        self.frontend.start()
+
+    def close(self) -> None:
+        self.link.close()
+        self.frontend.close()
+
+
 def test_tensors_cross_in_shared_memory_and_messages_stay_small(tmp_path):
-    """The engine's and a frontend's ends of the channel, in one process: the messages of a 4 MiB request and
-    answer are the size of a 16 B one's, and the answer carries the request's bytes (the sim model echoes)."""
-    from kserve_ascend.core.repository import Repository
-    from kserve_ascend.server.codec import InferRequest
-    from kserve_ascend.server.dataplane import DataPlane
-    from kserve_ascend.server.engine import Calls, Connection, Control
-    from kserve_ascend.server.remote import RemoteDataPlane
+    """The messages of a 4 MiB request and answer are the size of a 16 B one's, and the answer carries the request's
+    bytes (the sim model echoes)."""
+    from kserve_ascend.core.models.repository import Repository
+    from kserve_ascend.server.dataplane import InferRequest
 
     sim_model(tmp_path, "small", max_batch_size=1, delay_us=0, fixed_ms=0, dims=4)
     sim_model(tmp_path, "large", max_batch_size=1, delay_us=0, fixed_ms=0, dims=2**20)
@@ -399,43 +428,71 @@ def test_tensors_cross_in_shared_memory_and_messages_stay_small(tmp_path):
         repository = Repository(tmp_path)
         for name in ("small", "large"):
             await repository.load(name)
-
-        class Engine:  # what a Connection uses of the engine
-            dataplane = DataPlane(repository)
-            _control = Control()
-            frontends: list = []
-
-        Engine.calls = Calls(Engine)
-        engine_channel, frontend_channel = socket.socketpair()
-        engine_calls, frontend_calls = socket.socketpair()
-        connection = Connection(Engine, engine_channel, engine_calls)
-        frontend = RemoteDataPlane(frontend_channel, frontend_calls, lambda now: None)
-        sizes: dict[str, list[int]] = {"to engine": [], "to frontend": []}
-        for channel, direction in ((connection.channel, "to engine"), (frontend.channel, "to frontend")):
-            handle = channel.on_message
-            channel.on_message = lambda message, handle=handle, direction=direction: (
-                sizes[direction].append(len(orjson.dumps(message))), handle(message)
-            )
-        connection.start()
-        frontend.start()
+        linked = Linked(repository)
         answers = {}
         for name, size in (("small", 4), ("large", 2**20)):
             data = np.random.default_rng(size).random((1, size), dtype=np.float32)
-            before = {direction: len(seen) for direction, seen in sizes.items()}
-            _, outputs = await frontend.infer(name, None, InferRequest({"INPUT0": data}), None, lambda *args: dict(args[3]))
-            np.testing.assert_array_equal(outputs["OUTPUT0"], data)
-            del outputs
+            before = {direction: len(seen) for direction, seen in linked.sent.items()}
+            result = await linked.frontend.infer(InferRequest(name, {"INPUT0": data}))
+            with result.answering():
+                np.testing.assert_array_equal(result.outputs["OUTPUT0"], data)
+            del result
             await asyncio.sleep(0.05)  # the frees and the done report
-            answers[name] = [max(seen[before[direction]:]) for direction, seen in sizes.items()]
-        connection.close()
-        frontend.close()
+            answers[name] = [max(size for _, size in seen[before[direction]:]) for direction, seen in linked.sent.items()]
+        statistics = (await linked.dataplane.statistics("large"))["model_stats"][0]["inference_stats"]
+        linked.close()
         repository.models["small"].close()
         repository.models["large"].close()
-        return answers
+        return answers, statistics
 
-    answers = asyncio.run(scenario())
+    answers, statistics = asyncio.run(scenario())
     small, large = answers["small"], answers["large"]
     # 4 MiB each way, yet no message reaches 256 bytes: it differs from the 16 B request's by the digits of its
     # shape, size and place in the arena.
     assert max(large) < 256, answers
     assert all(0 <= b - a < 32 for a, b in zip(small, large)), answers
+    # The frontend's encoding came back to the engine: the request is counted, compute_output included.
+    assert statistics["success"]["count"] == 1 and statistics["compute_output"]["count"] == 1
+
+
+def test_the_frontend_forwards_every_method_of_the_data_plane():
+    """The data-plane interface is written once: the frontend's data plane has every method of it, with its
+    signature, and the engine's end serves exactly those (a method added to `DataPlane` is one edit)."""
+    import inspect
+
+    from kserve_ascend.server.dataplane import DataPlane
+    from kserve_ascend.server.dataplane.local import LocalDataPlane
+    from kserve_ascend.server.workers.remote import FORWARDED, RemoteDataPlane
+
+    methods = {name for name, _ in inspect.getmembers(DataPlane, inspect.isfunction) if not name.startswith("_")}
+    assert methods == FORWARDED | {"infer", "model_names"}
+    def parameters(method) -> list:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()]
+
+    for implementation in (RemoteDataPlane, LocalDataPlane):
+        for name in methods:
+            assert parameters(getattr(implementation, name)) == parameters(getattr(DataPlane, name)), (implementation, name)
+
+
+def test_an_engine_and_a_frontend_of_different_versions_refuse_each_other(tmp_path, caplog):
+    """A frontend restarted from a package upgraded in place speaks another version of the messages: the engine's
+    end refuses it, saying so, and the frontend finds the engine gone (its requests answer 503)."""
+    from kserve_ascend.core.models.repository import Repository
+    from kserve_ascend.server.dataplane import InferRequest
+    from kserve_ascend.server.workers import messages
+
+    sim_model(tmp_path, "small", max_batch_size=1, delay_us=0, fixed_ms=0, dims=4)
+
+    async def scenario():
+        linked = Linked(Repository(tmp_path))
+        linked.frontend.channel.send(messages.Hello(messages.VERSION + 1))
+        await asyncio.sleep(0.05)
+        try:
+            await linked.frontend.infer(InferRequest("small", {"INPUT0": np.zeros((1, 4), np.float32)}))
+        finally:
+            linked.close()
+
+    with pytest.raises(Exception) as raised:
+        asyncio.run(scenario())
+    assert type(raised.value).__name__ == "ChannelClosed" and "engine process is gone" in str(raised.value)
+    assert f"the frontend speaks version {messages.VERSION + 1} of the messages, this process {messages.VERSION}" in caplog.text

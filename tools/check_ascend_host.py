@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kserve_ascend.core.runtimes.tiny_onnx import relu_model
+from kserve_ascend.core.execution.runtimes.tiny_onnx import relu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CANN = "CANNExecutionProvider"
@@ -141,7 +141,7 @@ def session(model: str, device: int) -> dict:
     from tritonclient.grpc import model_config_pb2 as mc
 
     from kserve_ascend.core.errors import ModelLoadError
-    from kserve_ascend.core.runtimes import load_runtime
+    from kserve_ascend.core.execution.runtimes import load_runtime
 
     config = mc.ModelConfig(name="check")
     config.parameters["execution_provider"].string_value = "cann"

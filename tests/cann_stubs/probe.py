@@ -30,7 +30,7 @@ def load(model: str, cases: str, device_id: str, max_batch_size: str) -> list[di
     from tritonclient.grpc import model_config_pb2 as mc
 
     from kserve_ascend.core.errors import ModelLoadError
-    from kserve_ascend.core.runtimes import load_runtime
+    from kserve_ascend.core.execution.runtimes import load_runtime
 
     results = []
     for parameters in json.loads(cases):
@@ -73,8 +73,8 @@ def mixed(order: str, om: str, model: str, priming: str) -> dict:
     from tritonclient.grpc import model_config_pb2 as mc
 
     from kserve_ascend.core.errors import DeviceError, ModelLoadError
-    from kserve_ascend.core.runtimes import load_runtime
-    from kserve_ascend.core.runtimes import onnx as onnx_runtime
+    from kserve_ascend.core.execution.runtimes import load_runtime
+    from kserve_ascend.core.execution.runtimes import onnx as onnx_runtime
 
     if priming == "off":
         onnx_runtime.initialise_acl = lambda device_id: None

@@ -34,8 +34,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from conftest import copy_model, start_server, stop_server
-from kserve_ascend.core.adaptive import CostModel
-from kserve_ascend.core.batching import BatchQueue, Pending
+from kserve_ascend.core.scheduling.adaptive import CostModel
+from kserve_ascend.core.scheduling.queue import BatchQueue, Pending
 from kserve_ascend.core.errors import Unavailable
 
 CONNECTIONS = 1000

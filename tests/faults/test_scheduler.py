@@ -31,18 +31,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, start_server, stop_server
-from kserve_ascend.core import sequence
-from kserve_ascend.core.batching import BatchQueue, Scheduler
+from conftest import copy_model, core_request, start_server, stop_server
+from kserve_ascend.core.scheduling import sequences as sequence
+from kserve_ascend.core.scheduling.batcher import DynamicBatcher
+from kserve_ascend.core.scheduling.queue import BatchQueue
 from kserve_ascend.core.errors import InternalError
-from kserve_ascend.core.sequencer import SequenceScheduler
-from kserve_ascend.core.stats import VersionStats
+from kserve_ascend.core.scheduling.sequencer import SequenceScheduler
+from kserve_ascend.core.contracts import Request, RequestOptions
+from kserve_ascend.core.stats import RequestTiming, VersionStats
 
 #: Every in-process wait is bounded: a request the scheduler lost would hang the test instead of failing it.
 BOUND_S = 10
 
 
-def echo(requests_):
+def echo(requests_, execution=None):
     return [{"y": r["x"]} for r in requests_]
 
 
@@ -50,11 +52,16 @@ def queue(max_batch: int = 1, delay_us: int = 0) -> BatchQueue:
     return BatchQueue(max_batch, mc.ModelDynamicBatching(max_queue_delay_microseconds=delay_us))
 
 
-def submit(scheduler: Scheduler, tag: int):
-    return scheduler.submit({"x": np.full((1, 1), tag)}, 1, ((1,),))
+async def submit(scheduler: DynamicBatcher, tag: int):
+    """A request tagged `tag`, answered (and so recorded in the statistics) as an edge answers it."""
+    request = core_request({"x": np.full((1, 1), tag)})
+    outputs = await scheduler.submit(request)
+    request.timing.answering()
+    request.timing.answered()
+    return outputs
 
 
-def serve(scheduler: Scheduler, tags) -> list:
+def serve(scheduler: DynamicBatcher, tags) -> list:
     """Submits one request per tag at once; each one's output, or its exception."""
     async def all_of():
         return await asyncio.gather(*(submit(scheduler, tag) for tag in tags), return_exceptions=True)
@@ -73,12 +80,12 @@ def tags_of(results) -> list:
 def test_a_runner_answering_other_than_one_result_per_request_fails_its_batch_only(answer):
     calls = []
 
-    def runner(requests_):
+    def runner(requests_, execution=None):
         calls.append(len(requests_))
         return answer(requests_) if len(calls) == 1 else echo(requests_)
 
     async def main():
-        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], queue(max_batch=2, delay_us=100_000))
+        scheduler = DynamicBatcher([runner], [ThreadPoolExecutor(1)], queue(max_batch=2, delay_us=100_000), VersionStats())
         first = await serve(scheduler, [1, 2])
         return first, await serve(scheduler, [3, 4])
 
@@ -88,13 +95,13 @@ def test_a_runner_answering_other_than_one_result_per_request_fails_its_batch_on
 
 
 def test_a_runtime_raising_a_base_exception_fails_its_batch_and_not_the_event_loop():
-    def runner(requests_):
+    def runner(requests_, execution=None):
         if int(requests_[0]["x"][0, 0]) == 1:
             raise SystemExit(3)  # raised on the event loop, it would stop the server
         return echo(requests_)
 
     async def main():
-        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], queue())
+        scheduler = DynamicBatcher([runner], [ThreadPoolExecutor(1)], queue(), VersionStats())
         return await serve(scheduler, [1, 2])
 
     results = asyncio.run(main())
@@ -116,7 +123,7 @@ class FormingFails(BatchQueue):
 
 def test_a_fault_forming_a_batch_fails_the_request_it_began_with_and_the_instance_serves_on():
     async def main():
-        scheduler = Scheduler([echo], [ThreadPoolExecutor(1)], FormingFails(1, mc.ModelDynamicBatching()))
+        scheduler = DynamicBatcher([echo], [ThreadPoolExecutor(1)], FormingFails(1, mc.ModelDynamicBatching()), VersionStats())
         first = await serve(scheduler, [1, 2, 3])
         then = await serve(scheduler, [4])
         for _ in range(500):  # the instance's thread goes idle just after it has handed its answers over
@@ -145,7 +152,7 @@ class RefusesOnce(ThreadPoolExecutor):
 
 def test_a_fault_queueing_a_request_fails_that_request_only():
     async def main():
-        scheduler = Scheduler([echo], [RefusesOnce(1)], queue())
+        scheduler = DynamicBatcher([echo], [RefusesOnce(1)], queue(), VersionStats())
         with pytest.raises(InternalError, match="queueing the request failed: RuntimeError"):
             await asyncio.wait_for(submit(scheduler, 1), BOUND_S)
         return await serve(scheduler, [2, 3])
@@ -166,12 +173,12 @@ class AnsweringFailsOnce(VersionStats):
 def test_a_fault_answering_a_batch_fails_that_batch_and_the_others_are_answered():
     barrier = threading.Barrier(2)
 
-    def runner(requests_):
+    def runner(requests_, execution=None):
         barrier.wait(BOUND_S)  # both instances finish together: their batches are answered in one go, or two
         return echo(requests_)
 
     async def main():
-        scheduler = Scheduler([runner] * 2, [ThreadPoolExecutor(1) for _ in range(2)], queue(), AnsweringFailsOnce())
+        scheduler = DynamicBatcher([runner] * 2, [ThreadPoolExecutor(1) for _ in range(2)], queue(), AnsweringFailsOnce())
         first = await serve(scheduler, [1, 2])
         barrier.reset()
         return first, await serve(scheduler, [3, 4])
@@ -190,7 +197,7 @@ class ObserveFails(BatchQueue):
 
 def test_a_fault_in_the_cost_model_after_a_run_fails_nothing():
     async def main():
-        scheduler = Scheduler([echo], [ThreadPoolExecutor(1)], ObserveFails(2, mc.ModelDynamicBatching()))
+        scheduler = DynamicBatcher([echo], [ThreadPoolExecutor(1)], ObserveFails(2, mc.ModelDynamicBatching()), VersionStats())
         return await serve(scheduler, [1, 2, 3])
 
     assert tags_of(asyncio.run(main())) == [1, 2, 3]
@@ -207,7 +214,7 @@ def test_a_sequence_request_whose_execution_fails_fails_alone_and_the_sequence_g
     sequence.apply_defaults(config)
     sequences = sequence.SequenceBatching(config, tmp_path)
 
-    def runner(requests_):
+    def runner(requests_, execution=None):
         if 13 in [int(r["INPUT"][0, 0]) for r in requests_]:
             raise RuntimeError("device fell over")
         return [{"OUTPUT": r["INPUT"]} for r in requests_]
@@ -216,7 +223,9 @@ def test_a_sequence_request_whose_execution_fails_fails_alone_and_the_sequence_g
         scheduler = SequenceScheduler(sequences, ["OUTPUT"], [runner], [ThreadPoolExecutor(1)], VersionStats(), [{}])
         results = []
         for value, flags in ((11, {"sequence_start": True}), (13, {}), (17, {}), (19, {"sequence_end": True})):
-            call = scheduler.submit({"INPUT": np.full((1, 1), value, np.int32)}, 1, {"sequence_id": 7, **flags})
+            options = RequestOptions.parse({"sequence_id": 7, **flags})
+            request = Request({"INPUT": np.full((1, 1), value, np.int32)}, 1, (), options, RequestTiming())
+            call = scheduler.submit(request)
             try:
                 results.append(int((await asyncio.wait_for(call, BOUND_S))["OUTPUT"][0, 0]))
             except RuntimeError as error:
@@ -232,7 +241,7 @@ def test_a_cancelled_caller_leaves_the_queue_and_one_in_a_running_batch_is_dropp
     started, release = threading.Event(), threading.Event()
     ran = []
 
-    def runner(requests_):
+    def runner(requests_, execution=None):
         ran.extend(int(r["x"][0, 0]) for r in requests_)
         started.set()
         release.wait(BOUND_S)
@@ -241,7 +250,7 @@ def test_a_cancelled_caller_leaves_the_queue_and_one_in_a_running_batch_is_dropp
     stats = VersionStats()
 
     async def main():
-        scheduler = Scheduler([runner], [ThreadPoolExecutor(1)], queue(), stats)
+        scheduler = DynamicBatcher([runner], [ThreadPoolExecutor(1)], queue(), stats)
         running = asyncio.ensure_future(submit(scheduler, 1))
         await asyncio.to_thread(started.wait, BOUND_S)  # request 1 runs
         queued = asyncio.ensure_future(submit(scheduler, 2))
