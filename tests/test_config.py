@@ -12,9 +12,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import REPOSITORY, copy_model
 from kserve_ascend.core import config as cfg
+from kserve_ascend.core.contracts import RequestOptions
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.models.model import Model
 from kserve_ascend.core.execution.runtimes import runtime_name
+from kserve_ascend.core.stats import RequestTiming
 
 
 def parse(text: str) -> mc.ModelConfig:
@@ -112,7 +114,7 @@ def test_reshape_presents_other_dims_to_clients(tmp_path):
     loaded = Model("simple", model)
     loaded.load()
     a = np.arange(32, dtype=np.int32).reshape(2, 4, 4)
-    outputs = asyncio.run(loaded.version().infer({"INPUT0": a, "INPUT1": a}))
+    outputs = asyncio.run(loaded.version().infer({"INPUT0": a, "INPUT1": a}, (), RequestOptions.NONE, RequestTiming()))
     assert outputs["OUTPUT0"].shape == (2, 4, 4)
     np.testing.assert_array_equal(outputs["OUTPUT0"], 2 * a)
     loaded.close()

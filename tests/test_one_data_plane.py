@@ -5,8 +5,6 @@ counted once, with its answer's making, in the statistics.
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import requests
@@ -106,40 +104,3 @@ def test_every_route_refuses_a_malformed_request_with_the_same_words(server):
     assert v1.status_code == 400 and v1.json() == {"error": words}
     # A malformed request never reaches the model: as in Triton, no statistic counts it.
     assert statistics(server)["inference_stats"] == before["inference_stats"]
-
-
-def test_kserves_predict_goes_through_the_data_plane(tmp_path):
-    """`AscendModel.predict` with KServe's own InferRequest: the outputs asked for, and the request counted."""
-    from prometheus_client import CollectorRegistry
-
-    from kserve_ascend.core.models.repository import Repository
-    from kserve_ascend.server.dataplane.local import LocalDataPlane
-    from kserve_ascend.server.edges.kserve_model import AscendModel
-    from kserve_ascend.server.kserve_seam import kserve
-    from kserve.protocol.infer_type import RequestedOutput
-
-    copy_model("simple", tmp_path)
-
-    async def scenario():
-        repository = Repository(tmp_path)
-        await repository.load("simple")
-        dataplane = LocalDataPlane(repository, False, CollectorRegistry())
-        inputs = []
-        for name, array in (("INPUT0", INPUT0), ("INPUT1", INPUT1)):
-            tensor = kserve.InferInput(name, list(array.shape), "INT32")
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        request = kserve.InferRequest("simple", inputs, request_id="r1", request_outputs=[RequestedOutput("OUTPUT1")])
-        try:
-            response = await AscendModel("simple", dataplane).predict(request)
-            stats = (await dataplane.statistics("simple"))["model_stats"][0]["inference_stats"]
-        finally:
-            repository.models["simple"].close()
-        return response, stats
-
-    response, stats = asyncio.run(scenario())
-    assert [output.name for output in response.outputs] == ["OUTPUT1"]
-    np.testing.assert_array_equal(response.outputs[0].as_numpy(), DIFFERENCE)
-    assert response.id == "r1" and response.model_version == "1"
-    assert all(stats[field]["count"] == 1 for field in ("success", *COMPUTE))
-

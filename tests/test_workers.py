@@ -29,7 +29,9 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
+from google.protobuf import json_format, text_format
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import REPOSITORY, ROOT, alive, copy_model, descendants, free_port, start_server, stop_server
 
@@ -270,6 +272,35 @@ def mapping(pid: int, key: str) -> bool:
 
 
 # ---------------------------------------------------------------- stopping and restarting
+
+
+def test_what_a_frontend_caches_of_a_model_goes_when_the_model_reloads(tmp_path):
+    """Frontends cache model metadata and configurations until the repository changes: a reload through one
+    frontend (a load with another config, an unload) shows at once through every frontend, and a model unloaded
+    answers as unloaded there too."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    sim_model(repository, "sim", max_batch_size=4, delay_us=0, fixed_ms=0)
+    server = start_server(repository, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "sim", workers=2)
+    try:
+        held = [connection for pair in connections(server, per_frontend=1).values() for connection in pair]
+        for connection in held:  # cached by each frontend
+            assert get(connection, "/v2/models/sim/config")[1]["max_batch_size"] == 4
+            assert get(connection, "/v2/models/sim")[1]["versions"] == ["1"]
+        for max_batch_size in (2, 3):
+            config = (repository / "sim" / "config.pbtxt").read_text().replace("max_batch_size: 4", f"max_batch_size: {max_batch_size}")
+            override = json_format.MessageToJson(text_format.Parse(config, mc.ModelConfig()))
+            loader, *others = held if max_batch_size == 2 else held[::-1]
+            status, _ = post(loader, "/v2/repository/models/sim/load", {"parameters": {"config": override}})
+            assert status == 200
+            for connection in held:
+                assert get(connection, "/v2/models/sim/config")[1]["max_batch_size"] == max_batch_size
+        assert post(held[0], "/v2/repository/models/sim/unload", {})[0] == 200
+        for connection in held:
+            status, answer = get(connection, "/v2/models/sim/config")
+            assert status == 400 and "is not ready" in answer["error"], answer
+    finally:
+        stop_server(server)
 
 
 def test_sigterm_answers_every_request_in_flight_then_exits(tmp_path):
