@@ -1,6 +1,7 @@
 """`make bench`: the same closed-loop loads against every server, on this machine, in one run.
 
     python bench/run.py [--quick] [--duration 6] [--warmup 1.5] [--workers 1 2] [--out bench/results]
+                        [--scenarios batch workers2 ...] [--models simple fastsim ...]
 
 Scenarios (servers.SCENARIOS): the executor called in-process, kserve-ascend without
 batching, with dynamic batching at `--workers 1` and at `--workers 2`, real Triton with the
@@ -83,6 +84,8 @@ class Bench:
         self.scenarios = [s for s in servers.SCENARIOS if s not in servers.WORKERS or servers.WORKERS[s] in args.workers]
         if 1 not in args.workers:
             self.scenarios.remove("batch")
+        if args.scenarios:
+            self.scenarios = [s for s in self.scenarios if s in args.scenarios]
         self.total = sum(len(self.plan(s)) for s in self.scenarios)
         for model in MODELS:
             (workdir / f"{model}.json").write_bytes(json_body(model))
@@ -90,8 +93,10 @@ class Bench:
     def plan(self, scenario: str) -> list[tuple[str, str, int]]:
         """(model, protocol, concurrency) of each point of a scenario, in order; raw's concurrency is its batch."""
         if scenario == "raw":
-            return [(model, "call", batch) for model in MODELS for batch in (0, 1)]
-        return [(m, p, c) for m, loads in LOADS[scenario].items() for p in loads for c in self.args.concurrency[m]]
+            return [(model, "call", batch) for model in self.args.models for batch in (0, 1)]
+        return [
+            (m, p, c) for m, loads in LOADS[scenario].items() if m in self.args.models for p in loads for c in self.args.concurrency[m]
+        ]
 
     def record(self, point: dict) -> None:
         self.points.append(point)
@@ -198,6 +203,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds of the same load before each point")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], choices=[1, *servers.WORKERS.values()],
                         help="kserve-ascend's --workers counts to measure (default: 1 2)")
+    parser.add_argument("--scenarios", nargs="+", choices=list(servers.SCENARIOS), help="only these scenarios (default: all)")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="only these models (default: all)")
     parser.add_argument("--profile-seconds", type=float, default=4.0, help="length of each py-spy recording")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results (bench/results/quick with --quick)")
     args = parser.parse_args()
@@ -232,8 +239,9 @@ def main() -> None:
     }
     report.write(run, args.out)
     print(f"bench done in {run['seconds']:.0f} s: {args.out / 'results.md'}, results.json, qps_p99.png, side_by_side.png", flush=True)
-    detect = ["--quick"] if args.quick else []
-    subprocess.run([sys.executable, str(BENCH / "detect.py"), "--out", str(args.out), *detect], check=True)
+    if "yolov8n" in args.models:  # the detection chain
+        detect = ["--quick"] if args.quick else []
+        subprocess.run([sys.executable, str(BENCH / "detect.py"), "--out", str(args.out), *detect], check=True)
 
 
 def _machine() -> str:
