@@ -237,9 +237,14 @@ class ServedVersion(ABC):
     def unchanged(self, source: bytes, model_dir: Path) -> bool:
         """Whether the version still is what `source` (a config as read) and its files describe."""
 
+    @property
+    def padding_rows(self) -> int:
+        """Zero rows added so far to fill batches up to a size the model file takes."""
+        return 0
+
     def statistics(self) -> dict:
         """This version in Triton's statistics extension, with `batch_padding_rows` added."""
-        return self.stats.as_dict(self.name, self.version, self.health_snapshot().padding_rows)
+        return self.stats.as_dict(self.name, self.version, self.padding_rows)
 
     async def retire(self) -> None:
         """Takes the version out of service without losing a request: the caller has stopped handing it

@@ -151,11 +151,15 @@ class ModelVersion(ServedVersion):
             info["warmup_ms"] = f"{self.warmup_ms:.0f}"
         return info
 
+    @property
+    def padding_rows(self) -> int:
+        return sum(instance.padding_rows for instance in self.instances)
+
     def health_snapshot(self) -> VersionHealth:
         health = self.scheduler.health
         return VersionHealth(
             queued=self.scheduler.queued,
-            padding_rows=sum(i.padding_rows for i in self.instances),
+            padding_rows=self.padding_rows,
             instances=tuple(
                 InstanceHealth(
                     device_id=instance.runtime.device_id,
