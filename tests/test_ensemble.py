@@ -259,11 +259,15 @@ def test_an_ensemble_follows_its_step_model_in_explicit_mode(tmp_path):
             entries = requests.post(f"{target.url}/v2/repository/index").json()
             return {e["name"]: e["state"] for e in entries if e["name"] in ("single", "simple") and "state" in e}
 
+        def unloading(target) -> bool:
+            """Whether any version of any model is still UNLOADING (each version has its entry in the index)."""
+            return any(e.get("state") == "UNLOADING" for e in requests.post(f"{target.url}/v2/repository/index").json())
+
         for target in (ours, triton):
             assert states(target) == {"single": "READY", "simple": "READY"}
             assert requests.post(f"{target.url}/v2/repository/models/simple/unload").status_code == 200
-            deadline = time.monotonic() + 30  # Triton unloads in the background (UNLOADING first)
-            while "UNLOADING" in states(target).values() and time.monotonic() < deadline:
+            deadline = time.monotonic() + 30  # Triton unloads in the background (UNLOADING first), version by version
+            while unloading(target) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert states(target) == {"single": "UNAVAILABLE", "simple": "UNAVAILABLE"}
             assert requests.get(f"{target.url}/v2/health/ready").status_code == 200
