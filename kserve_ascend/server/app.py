@@ -22,7 +22,7 @@ from ..core import tracing
 from ..core.errors import AscendError
 from ..core.model import Model
 from ..core.repository import Repository
-from . import logs, metrics, ports, rest
+from . import listeners, logs, metrics, ports, rest
 from .auth import Authenticator, GrpcAuthentication
 from .dataplane import DataPlane
 from .grpc import CertificateFiles, GrpcServer
@@ -256,6 +256,9 @@ class AscendModelServer(kserve.ModelServer):
             await self.ascend_dataplane.drain(self.grace_period - min(EDGES_STOP_S, self.grace_period / 2))
         except Exception:  # a fault of the drain must not keep the server from stopping
             log.exception("draining the models failed: stopping now")
+        # uvicorn's listening socket, emptied before uvicorn closes it (listeners: closing resets what it queued).
+        uvicorn_listeners = [sock for listener in self._rest_server._server.servers for sock in listener.sockets]
+        await listeners.drain(uvicorn_listeners, max(deadline - loop.time(), 0) / 2)
         stop_edges(self, max(deadline - loop.time(), 0))
 
 

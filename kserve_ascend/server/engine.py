@@ -21,8 +21,10 @@ port exclusively).
 Shutdown (SIGTERM, SIGINT, SIGQUIT), within --shutdown_timeout_s: the engine's data plane
 turns unready and refuses new inferences at once, so the frontends go on accepting and
 answer those 503 / UNAVAILABLE, while the engine answers every request it accepted (or,
-at the deadline, fails what is left); then it closes its copies of the HTTP sockets and
-tells every frontend to stop: each stops accepting, writes the answers it has, and exits;
+at the deadline, fails what is left); then it holds new connections off the HTTP sockets,
+waits until the frontends have accepted every connection queued on them (`listeners`:
+Linux resets those still queued when a socket closes), closes its copies and tells every
+frontend to stop: each stops accepting, writes the answers it has, and exits;
 then the engine releases the models and exits. A frontend that exits otherwise is started
 again (its clients' connections fail; the other frontends serve on); one that cannot
 start at all stops the server.
@@ -49,7 +51,7 @@ from opentelemetry import propagate
 from ..core import datatypes
 from ..core.errors import AscendError
 from ..core.stats import RequestTiming, now_ns
-from . import frontend, logs, metrics
+from . import frontend, listeners, logs, metrics
 from . import ports
 from .app import EDGES_STOP_S
 from .arena import Arena, Mapped, write
@@ -130,7 +132,9 @@ class Engine:
             await self.dataplane.drain(timeout - min(EDGES_STOP_S, timeout / 2))
         except Exception:  # a fault of the drain must not keep the server from stopping
             log.exception("draining the models failed: stopping now")
-        # Stops accepting (the HTTP sockets close once the frontends close theirs), then every frontend.
+        # Stops accepting, with nothing left queued (listeners: closing resets what is), then every frontend
+        # (the HTTP sockets close once the frontends close theirs).
+        await listeners.drain(self.http_sockets, max(deadline - loop.time(), 0) / 2)
         for sock in self.http_sockets:
             sock.close()
         for member in self.frontends:
