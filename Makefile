@@ -86,7 +86,8 @@ $(CANN_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 # Once: pip downloads the wheel, the binary is extracted and linked to the libb64 and libcudart that
-# nvidia-pytriton (a test dependency) ships. The target is the binary itself.
+# nvidia-pytriton (a test dependency) ships. The target is the binary itself; the recipe also writes
+# $(BIN)/perf_analyzer, which runs it by name with those libraries (no LD_LIBRARY_PATH to set).
 $(PERF_ANALYZER): $(STAMP) tools/perf_analyzer.py
 	$(BIN)/python tools/perf_analyzer.py
 	touch $@
