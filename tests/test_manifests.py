@@ -139,9 +139,35 @@ def build(openapi_type: str, value, path: str):
         raise InvalidManifest(f"{path}: {error}") from None
 
 
+#: The handlers of a probe and of a lifecycle hook (Kubernetes pkg/apis/core/validation/validation.go,
+#: handlerFromProbe and handlerFromLifecycle).
+PROBE_HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
+LIFECYCLE_HANDLERS = ("exec", "httpGet", "tcpSocket", "sleep")
+
+
+def handler_errors(pod: dict) -> list[str]:
+    """What the API server refuses in a pod spec's probes and lifecycle hooks and a JSON Schema cannot
+    say: each names exactly one handler (validation.go, validateHandler: "may not specify more than 1
+    handler type", "must specify a handler type")."""
+    errors = []
+    for container in pod.get("initContainers", []) + pod.get("containers", []):
+        actions = [(probe, PROBE_HANDLERS) for probe in ("livenessProbe", "readinessProbe", "startupProbe")]
+        actions += [(f"lifecycle.{hook}", LIFECYCLE_HANDLERS) for hook in ("postStart", "preStop")]
+        for where, handlers in actions:
+            action = container
+            for key in where.split("."):
+                action = (action or {}).get(key)
+            named = [handler for handler in handlers if (action or {}).get(handler) is not None]
+            if action is not None and len(named) != 1:
+                errors.append(f"{container['name']}.{where}: exactly one of {', '.join(handlers)}, not {named}")
+    return errors
+
+
 def validate(obj: dict) -> None:
     """A Kubernetes object: a custom resource by its CRD's schema (KServe's also by the kserve SDK's
-    models), any other by Kubernetes' API schema."""
+    models), any other by Kubernetes' API schema; every pod spec in it by the handler rule."""
+    for where, pod in pod_specs(obj):
+        assert handler_errors(pod) == [], where
     key = (obj.get("apiVersion"), obj.get("kind"))
     if key not in crd_schema.kinds():
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)  # no CRD of ours: a built-in kind, or it fails
@@ -723,8 +749,9 @@ def test_a_triton_rollout_needs_no_spare_npu():
 
 #: Kubernetes' default terminationGracePeriodSeconds.
 DEFAULT_GRACE_PERIOD_S = 30
-#: Their pods are KServe's to make: their stop is the InferenceServices'.
-RUNTIME_KINDS = {"ServingRuntime", "ClusterServingRuntime"}
+#: Their pods are KServe's to make: their stop is the InferenceServices'. A Seldon Server's stop is its
+#: ServerConfig's (Seldon's agent drains it first: test_seldon.py).
+NOT_STOPPED_HERE = {"ServingRuntime", "ClusterServingRuntime", "Server"}
 #: Triton's --exit-timeout-secs when not given (triton-inference-server/core src/server.cc, InferenceServer()).
 TRITON_EXIT_TIMEOUT_S = 30
 
@@ -747,7 +774,7 @@ def pre_stop_delay_s(container: dict) -> float:
 
 def stopped_servers() -> list[tuple[str, dict, int]]:
     """(where, container, grace period) of every server the manifests have Kubernetes stop: the project's
-    images in the Deployments and the Seldon Server, and the runtime's container in each RawDeployment
+    images in the Deployments, and the runtime's container in each RawDeployment
     InferenceService, with the service's fields (its preStop hook) merged in as KServe merges them
     (kserve pkg/controller/v1beta1/inferenceservice/utils/utils.go, MergeRuntimeContainers: a strategic merge).
     Not the Knative ones: Knative makes the hook its queue-proxy's drain, the grace period the revision's
@@ -757,7 +784,7 @@ def stopped_servers() -> list[tuple[str, dict, int]]:
         for obj in documents(path):
             for where, pod in pod_specs(obj):
                 for container in pod["containers"]:
-                    if obj["kind"] not in RUNTIME_KINDS and container["image"].startswith("kserve-ascend"):
+                    if obj["kind"] not in NOT_STOPPED_HERE and container["image"].startswith("kserve-ascend"):
                         grace = pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
                         servers.append((f"{relative(path)}: {where}", container, grace))
     for path in OBJECT_FILES:
@@ -776,8 +803,8 @@ def test_every_server_stops_within_its_pods_grace_period():
     for where, container, grace in servers:
         budget = pre_stop_delay_s(container) + shutdown_timeout_s(container)
         assert budget < grace, f"{where}: {budget} s to stop, {grace} s given"
-    # The MindIE-style and Triton Deployments, the Seldon Server, the three RawDeployment services.
-    assert len(servers) == 6
+    # The MindIE-style and Triton Deployments, the three RawDeployment services.
+    assert len(servers) == 5
     for path, kind in ((RUNTIME, "ClusterServingRuntime"), (NAMESPACED_RUNTIME, "ServingRuntime")):
         # Knative would refuse every service of a runtime with a hook of its own.
         assert all("lifecycle" not in container for container in the(path, kind)["spec"]["containers"])
