@@ -708,6 +708,43 @@ def test_default_execution_timeout_and_an_invalid_one(static_om):
     assert calls_since(mark) == []
 
 
+def test_an_execution_timeout_beyond_a_c_int_waits_as_long_as_pyacl_can(static_om):
+    """pyACL parses the timeout with "i" (rt/rt_synchronize.cpp): 3e9 ms would be its TypeError."""
+    runtime = load(static_om, config=model_config(execution_timeout_ms="3000000000"))
+    sent = {"x": np.ones((4, 3), np.float32)}
+    np.testing.assert_array_equal(runtime.run(sent, [])["x_out"], sent["x"])
+    assert fake.fake_calls()[-1].args[1] == 2**31 - 1
+    runtime.close()
+
+
+def test_without_ptr_to_numpy_the_pinned_buffers_are_viewed_through_ctypes(dynamic_om, monkeypatch):
+    """pyACL documents ptr_to_numpy as "will be deprecated"; a pyACL without it still stages in
+    place, in the same pinned memory."""
+    monkeypatch.delattr(fake.util, "ptr_to_numpy")
+    runtime = load(dynamic_om)
+    pinned = set(fake.fake_host_memory())
+    for rows in GEARS:
+        sent = batch(rows)
+        got = runtime.run(sent, [])
+        np.testing.assert_array_equal(got["x_out"], sent["x"])
+        np.testing.assert_array_equal(got["ids_out"], sent["ids"])
+    assert "acl.util.ptr_to_numpy" not in fake.fake_call_names()
+    copies = [c.args for c in fake.fake_calls() if c.name == "acl.rt.memcpy_async"]
+    assert {dst if kind == fake.ACL_MEMCPY_DEVICE_TO_HOST else src for dst, _, src, _, kind, _ in copies} == pinned
+    runtime.close()
+    assert fake.fake_leaks() == {}
+
+
+def test_outputs_outlive_the_pinned_memory_they_were_staged_in(dynamic_om):
+    """Closing frees the pinned buffers (the fake poisons them); what run returned are copies."""
+    runtime = load(dynamic_om)
+    sent = batch(2)
+    got = runtime.run(sent, [])
+    runtime.close()
+    np.testing.assert_array_equal(got["x_out"], sent["x"])
+    np.testing.assert_array_equal(got["ids_out"], sent["ids"])
+
+
 def test_a_pyacl_without_the_timeout_synchronizes_without_one(static_om, monkeypatch):
     monkeypatch.delattr(fake.rt, "synchronize_stream_with_timeout")
     runtime = load(static_om)
