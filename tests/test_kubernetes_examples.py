@@ -13,8 +13,10 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import crd_schema
@@ -162,9 +164,127 @@ def test_every_inference_service_is_served_by_the_runtime_in_a_pinned_mode(path)
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
-    # KServe 0.16+ defaults to Standard (raw) where 0.15 defaulted to Serverless: each example says which.
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] in ("Serverless", "RawDeployment")
+    # KServe 0.16+ defaults to Standard where 0.15 defaulted to Serverless: each example says which,
+    # by KServe 0.16+'s names (test_kserve_takes_every_inference_service_in_the_mode_it_names).
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] in ("Knative", "Standard")
     assert model["storageUri"].endswith("/")  # a prefix: v1/ and not v10/
+
+
+# --- The deployment-mode names of each KServe release --------------------------------------
+
+#: KServe 0.16 renamed the modes and kept the old names as deprecated (kserve pkg/constants/constants.go,
+#: LegacyServerless and LegacyRawDeployment).
+LEGACY_NAMES = {"Serverless": "Knative", "RawDeployment": "Standard"}
+#: The mode each name means.
+MODE_OF = {"Knative": "knative", "Serverless": "knative", "Standard": "raw", "RawDeployment": "raw"}
+
+
+@dataclass(frozen=True)
+class KServe:
+    """What a KServe release's webhooks and controller make of serving.kserve.io/deploymentMode
+    (kserve pkg/apis/serving/v1beta1/inference_service_defaults.go, DefaultInferenceService;
+    inference_service_validation.go, validateDeploymentMode and validateAutoScalingCompExtension;
+    pkg/controller/v1beta1/inferenceservice/utils/utils.go, GetDeploymentMode)."""
+
+    releases: str
+    names: dict[str, str]  # mode -> the name its code compares annotations with
+    rewrites_legacy: bool  # the defaulting webhook rewrites the old names to the new (0.17+)
+    parses_status: bool  # validateDeploymentMode reads a recorded old name as the new (0.19+)
+    component: str | None  # what docs/kubernetes.md has its users apply the manifests through
+
+    def read(self, name: str | None) -> str | None:
+        """A name as GetDeploymentMode reads it: 0.16+ maps the old names to the new."""
+        return LEGACY_NAMES.get(name, name) if self.names["knative"] == "Knative" else name
+
+    def defaulted(self, isvc: dict, default: str) -> dict:
+        """The object after the defaulting webhook (on create and on update), in a cluster whose
+        deploy.defaultDeploymentMode is `default`."""
+        annotations = dict(isvc["metadata"].get("annotations", {}))
+        name = annotations.get(DEPLOYMENT_MODE)
+        if name is not None and self.rewrites_legacy:
+            annotations[DEPLOYMENT_MODE] = LEGACY_NAMES.get(name, name)
+        if name is None and default == "raw":
+            annotations[DEPLOYMENT_MODE] = self.names["raw"]
+        return {**isvc, "metadata": {**isvc["metadata"], "annotations": annotations}}
+
+    def refusal(self, isvc: dict, recorded: str | None = None) -> str | None:
+        """Why the validating webhook refuses the (defaulted) object, on update of one whose status
+        records `recorded`; None if it takes it."""
+        name = isvc["metadata"]["annotations"].get(DEPLOYMENT_MODE)
+        if recorded is not None:
+            status = self.read(recorded) if self.parses_status else recorded
+            if name is not None and name != status:
+                return f"update rejected: deploymentMode cannot be changed from '{status}' to '{name}'"
+        # Anything but the raw mode's exact name is validated as Knative's KPA.
+        if name != self.names["raw"] and "deploymentStrategy" in isvc["spec"]["predictor"]:
+            return "customizing deploymentStrategy is only supported for raw deployment mode"
+        return None
+
+    def recorded(self, isvc: dict, default: str) -> str:
+        """The mode the controller runs a new service in and records in status.deploymentMode: the
+        annotation's if it knows the name, else the cluster's default."""
+        name = self.read(isvc["metadata"]["annotations"].get(DEPLOYMENT_MODE))
+        return name if name in self.names.values() else self.names[default]
+
+
+NEW_NAMES = {"knative": "Knative", "raw": "Standard"}
+KSERVE_RELEASES = [
+    KServe("0.15.2", {"knative": "Serverless", "raw": "RawDeployment"}, False, False, "kserve-0.15"),
+    KServe("0.16.0", NEW_NAMES, False, False, None),  # kserve/kserve#4798: old names refused on update
+    KServe("0.17.0-0.18.1", NEW_NAMES, True, False, None),
+    KServe("0.19.0-0.20.0", NEW_NAMES, True, True, None),
+]
+
+
+def applied(kubectl: str, path: Path, kserve: KServe, workdir: Path) -> list[dict]:
+    """The InferenceServices of `path` as docs/kubernetes.md has them applied to `kserve`: as they are,
+    or through a kustomization of the user's that lists them (a copy of the file, or the directory
+    that holds them) and the release's component."""
+    if kserve.component is None:
+        return [doc for doc in documents(path) if doc["kind"] == "InferenceService"]
+    if (path.parent / "kustomization.yaml").exists():
+        resources = [os.path.relpath(path.parent, workdir)]
+    else:
+        shutil.copy(path, workdir)
+        resources = [path.name]
+    component = os.path.relpath(MANIFESTS / "components" / kserve.component, workdir)
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump({"resources": resources, "components": [component]}))
+    return [obj for obj in kustomize(kubectl, workdir) if obj["kind"] == "InferenceService"]
+
+
+@pytest.mark.parametrize("kserve", KSERVE_RELEASES, ids=lambda kserve: kserve.releases)
+@pytest.mark.parametrize("path", INFERENCE_SERVICES, ids=relative)
+def test_kserve_takes_every_inference_service_and_its_updates_in_the_mode_it_names(kubectl, tmp_path, path, kserve):
+    meant = {doc["metadata"]["name"]: MODE_OF[doc["metadata"]["annotations"][DEPLOYMENT_MODE]]
+             for doc in documents(path) if doc["kind"] == "InferenceService"}
+    for isvc in applied(kubectl, path, kserve, tmp_path):
+        name = isvc["metadata"]["name"]
+        for default in ("knative", "raw"):  # the cluster's deploy.defaultDeploymentMode
+            created = kserve.defaulted(isvc, default)
+            assert kserve.refusal(created) is None, kserve.refusal(created)
+            recorded = kserve.recorded(created, default)
+            assert recorded == kserve.names[meant[name]], f"{name} runs in {recorded}"
+            # Applied again, or changed (a canary's new storageUri): every update passes the same checks.
+            updated = kserve.defaulted(isvc, default)
+            assert kserve.refusal(updated, recorded) is None, kserve.refusal(updated, recorded)
+
+
+def test_the_release_rules_refuse_what_kserve_refuses():
+    isvc = the(GRPC_RAW, "InferenceService")
+    old_names = {**isvc, "metadata": {**isvc["metadata"], "annotations": {DEPLOYMENT_MODE: "RawDeployment"}}}
+    kserve_0_15, kserve_0_16, kserve_0_17, _ = KSERVE_RELEASES
+    # kserve/kserve#4798: 0.16.0 records the new name and compares it with the old one.
+    without_strategy = copy.deepcopy(old_names)
+    del without_strategy["spec"]["predictor"]["deploymentStrategy"]
+    recorded = kserve_0_16.recorded(kserve_0_16.defaulted(without_strategy, "knative"), "knative")
+    assert recorded == "Standard"
+    assert "cannot be changed from 'Standard' to 'RawDeployment'" in kserve_0_16.refusal(kserve_0_16.defaulted(without_strategy, "knative"), recorded)
+    # ... and validates a deploymentStrategy beside the old name as Knative's.
+    assert "deploymentStrategy" in kserve_0_16.refusal(kserve_0_16.defaulted(old_names, "knative"))
+    assert kserve_0_17.refusal(kserve_0_17.defaulted(old_names, "knative")) is None  # rewritten first
+    # 0.15 does not know the new names: the cluster's default mode, and the strategy refused.
+    assert kserve_0_15.recorded(kserve_0_15.defaulted(isvc, "knative"), "knative") == "Serverless"
+    assert "deploymentStrategy" in kserve_0_15.refusal(kserve_0_15.defaulted(isvc, "knative"))
 
 
 # --- gRPC through an InferenceService ------------------------------------------------------
@@ -196,7 +316,7 @@ def knative_probes(container: dict) -> tuple[dict, dict, int]:
 
 def test_the_knative_grpc_service_declares_the_servers_grpc_port_as_h2c():
     isvc = the(GRPC_KNATIVE, "InferenceService")
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Serverless"
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Knative"
     assert isvc["spec"]["predictor"]["model"]["protocolVersion"] == "grpc-v2"
     (port,) = merged_container(isvc)["ports"]  # Knative takes one port
     assert port["name"] == "h2c"  # how Knative knows it is HTTP/2 cleartext
@@ -219,7 +339,7 @@ def raw_service_ports(container: dict) -> list[dict]:
 
 def test_the_raw_service_exposes_rest_on_80_and_grpc_on_its_own_port():
     isvc = the(GRPC_RAW, "InferenceService")
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "RawDeployment"
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Standard"
     flags = runtime_flags()
     rest, grpc = raw_service_ports(merged_container(isvc))
     assert rest == {"name": "http", "port": 80, "targetPort": int(flags["--http_port"])}
@@ -259,7 +379,7 @@ def test_the_raw_services_ports_reach_rest_and_grpc_on_the_running_runtime(runti
 def test_knative_scales_out_where_the_comments_say(path):
     isvc = the(path, "InferenceService")
     predictor, annotations = isvc["spec"]["predictor"], isvc["metadata"]["annotations"]
-    assert annotations[DEPLOYMENT_MODE] == "Serverless" and predictor["scaleMetric"] == "concurrency"
+    assert annotations[DEPLOYMENT_MODE] == "Knative" and predictor["scaleMetric"] == "concurrency"
     # Knative's target per replica: scaleTarget x utilization (default 70 %, config-autoscaler).
     utilization = int(annotations.get("autoscaling.knative.dev/target-utilization-percentage", 70))
     per_replica = predictor["scaleTarget"] * utilization / 100
@@ -276,7 +396,7 @@ def test_the_keda_service_is_one_kserve_turns_into_a_scaled_object():
     isvc = the(AUTOSCALING / "inferenceservice-keda.yaml", "InferenceService")
     annotations, predictor = isvc["metadata"]["annotations"], isvc["spec"]["predictor"]
     assert annotations["serving.kserve.io/autoscalerClass"] == "keda"
-    assert annotations[DEPLOYMENT_MODE] == "RawDeployment"  # KServe makes ScaledObjects in raw mode only
+    assert annotations[DEPLOYMENT_MODE] == "Standard"  # KServe makes ScaledObjects in raw mode only
     # KServe's webhook refuses scaleMetric with KEDA, a cpu target that is not Utilization, an External
     # metric without query or value (kserve pkg/apis/serving/v1beta1/inference_service_validation.go,
     # validateScalingKedaCompExtension).
@@ -291,7 +411,7 @@ def test_the_business_hours_scaled_object_drives_the_services_deployment(kubectl
     objects = {obj["kind"]: obj for obj in kustomize(kubectl, AUTOSCALING / "business-hours")}
     isvc, scaled = objects["InferenceService"], objects["ScaledObject"]
     assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "external"
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "RawDeployment"
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Standard"
     spec = scaled["spec"]
     # KServe names the predictor's Deployment <service>-predictor (kserve pkg/constants, PredictorServiceName).
     assert spec["scaleTargetRef"]["name"] == f"{isvc['metadata']['name']}-predictor"
@@ -369,7 +489,7 @@ def test_the_mesh_policies_name_the_pods_of_a_raw_inference_service(kubectl):
     objects = {obj["kind"]: obj for obj in kustomize(kubectl, MESH)}
     isvc = the(GRPC_RAW, "InferenceService")
     name = isvc["metadata"]["name"]
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "RawDeployment"  # its pods sit behind <name>-predictor
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Standard"  # its pods sit behind <name>-predictor
     assert objects["DestinationRule"]["spec"]["host"] == f"{name}-predictor"
     # KServe labels every pod of a service serving.kserve.io/inferenceservice: <name> (predictor.go, buildObjectMeta).
     assert objects["EnvoyFilter"]["spec"]["workloadSelector"]["labels"] == {"serving.kserve.io/inferenceservice": name}

@@ -25,6 +25,7 @@ import copy
 import fnmatch
 import importlib.util
 import json
+import math
 import socket
 import os
 import posixpath
@@ -62,7 +63,10 @@ TRITON = MANIFESTS / "triton"
 DASHBOARD = MANIFESTS / "monitoring" / "grafana-dashboard.json"
 SCRAPE_CONFIG = MANIFESTS / "monitoring" / "prometheus-scrape-config.yaml"  # Prometheus' format, not Kubernetes'
 OBJECT_FILES = sorted(p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and p != SCRAPE_CONFIG)
-KUSTOMIZATIONS = sorted(p.parent for p in MANIFESTS.rglob("kustomization.yaml"))
+#: Directories kubectl applies (-k), and kustomize components, which they include (manifests/components).
+KUSTOMIZATIONS, COMPONENTS = (
+    sorted(p.parent for p in MANIFESTS.rglob("kustomization.yaml") if yaml.safe_load(p.read_text()).get("kind", "Kustomization") == kind)
+    for kind in ("Kustomization", "Component"))
 
 KSERVE_KINDS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): kserve_models.V1beta1InferenceService,
@@ -97,7 +101,12 @@ _PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool, "obj
                "V1beta1MetricQuantity": (int, str)}
 
 
+#: Kubernetes types the kserve SDK names by their OpenAPI name but does not ship: Kubernetes' own model.
+_ALIASES = {"K8sIoApiAppsV1DeploymentStrategy": "V1DeploymentStrategy"}
+
+
 def _model_class(name: str) -> type:
+    name = _ALIASES.get(name, name)
     cls = getattr(kserve_models, name, None) or getattr(kubernetes.client.models, name, None)
     if cls is None:
         raise AssertionError(f"no model named {name} in kserve.models or kubernetes.client.models")
@@ -737,14 +746,66 @@ def test_the_project_images_run_as_their_images_user_in_every_manifest():
     assert checked >= 3  # the two runtimes and the Triton server
 
 
-def test_a_triton_rollout_needs_no_spare_npu():
-    # One NPU per pod and often none free: a rollout must stop an old pod before it starts a new one.
+#: The strategy KServe gives an InferenceService's Deployment without a deploymentStrategy (kserve
+#: pkg/controller/v1beta1/inferenceservice/reconcilers/deployment/deployment_reconciler.go,
+#: setDefaultDeploymentSpec; 0.15.2 to 0.20.0).
+KSERVE_DEFAULT_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+RAW_MODES = {"RawDeployment", "Standard"}  # "RawDeployment" up to KServe 0.15, "Standard" from 0.16
+
+
+def rollout_fenceposts(strategy: dict, replicas: int) -> tuple[int, int]:
+    """(pods a rollout may start beyond `replicas`, pods it may stop) at once (Kubernetes
+    pkg/controller/deployment/util/deployment_util.go, ResolveFenceposts: a percentage of maxSurge rounds
+    up, of maxUnavailable down, and if both come to 0 one pod may be unavailable)."""
+    if strategy["type"] == "Recreate":
+        return 0, replicas
+    rolling = strategy["rollingUpdate"]
+
+    def scaled(value: int | str, round_up: bool) -> int:
+        if isinstance(value, str):
+            exact = int(value.removesuffix("%")) * replicas / 100
+            return math.ceil(exact) if round_up else math.floor(exact)
+        return value
+
+    surge, unavailable = scaled(rolling["maxSurge"], True), scaled(rolling["maxUnavailable"], False)
+    return surge, unavailable or (0 if surge else 1)
+
+
+def npu_rollouts() -> list[tuple[str, dict, range]]:
+    """(where, strategy, replica counts) of every Deployment whose pods take one NPU and that has no
+    spare one to roll out on: the Triton Deployment and the one KServe makes of each RawDeployment
+    InferenceService, with the replica counts between its minReplicas and maxReplicas. (The MindIE-style
+    Deployment keeps all its replicas serving through a rollout and says it needs a spare NPU.)"""
     deployment = the(TRITON / "deployment.yaml", "Deployment")
     assert triton_container()["resources"]["limits"]["huawei.com/Ascend910"] == "1"
-    strategy = deployment["spec"]["strategy"]
-    if strategy["type"] != "Recreate":
-        assert strategy["rollingUpdate"]["maxSurge"] in (0, "0%")
-        assert strategy["rollingUpdate"]["maxUnavailable"] not in (0, "0%")
+    rollouts = [(relative(TRITON / "deployment.yaml"), deployment["spec"]["strategy"], range(deployment["spec"]["replicas"], deployment["spec"]["replicas"] + 1))]
+    assert runtime_container()["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+    for path in OBJECT_FILES:
+        for isvc in (o for o in documents(path) if o["kind"] == "InferenceService"):
+            if isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] in RAW_MODES:
+                predictor = isvc["spec"]["predictor"]
+                least = predictor.get("minReplicas", 1)
+                counts = range(least, max(least, predictor.get("maxReplicas", least)) + 1)
+                rollouts.append((relative(path), predictor.get("deploymentStrategy", KSERVE_DEFAULT_STRATEGY), counts))
+    return rollouts
+
+
+def test_no_rollout_needs_a_spare_npu():
+    # One NPU per pod and often none free: a rollout must stop an old pod before it starts a new one,
+    # or the new one stays Pending until the rollout's deadline.
+    rollouts = npu_rollouts()
+    for where, strategy, counts in rollouts:
+        for replicas in counts:
+            surge, unavailable = rollout_fenceposts(strategy, replicas)
+            assert surge == 0 and unavailable >= 1, f"{where}: with {replicas} replicas a rollout adds {surge}, stops {unavailable}"
+    assert len(rollouts) == 4  # Triton and the three RawDeployment services
+
+
+def test_the_rollout_arithmetic_is_kubernetes():
+    default = KSERVE_DEFAULT_STRATEGY
+    assert [rollout_fenceposts(default, n) for n in (1, 4, 5)] == [(1, 0), (1, 1), (2, 1)]
+    no_surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "10%"}}
+    assert rollout_fenceposts(no_surge, 4) == (0, 1)  # both 0: one pod may be unavailable
 
 
 #: Kubernetes' default terminationGracePeriodSeconds.
