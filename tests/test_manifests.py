@@ -746,6 +746,61 @@ def test_the_project_images_run_as_their_images_user_in_every_manifest():
     assert checked >= 3  # the two runtimes and the Triton server
 
 
+#: Where each kind that makes pods holds their pod-level fields: a Deployment's template, an
+#: InferenceService's predictor (KServe builds the pod from its pod fields: kserve
+#: pkg/controller/v1beta1/inferenceservice/utils/utils.go, MergePodSpec), a Seldon Server's podSpec
+#: (merged into its ServerConfig's: test_seldon.py). Runtimes have no pod securityContext (their CRD).
+POD_FIELDS = {"Deployment": ("spec", "template", "spec"), "InferenceService": ("spec", "predictor"), "Server": ("spec", "podSpec")}
+HWHIAIUSER = MANIFESTS / "components" / "hwhiaiuser"
+
+
+def hwhiaiuser_gid(component: Path = HWHIAIUSER) -> int:
+    """The host's HwHiAiUser group id the component sets (its one literal)."""
+    (generator,) = yaml.safe_load((component / "kustomization.yaml").read_text())["configMapGenerator"]
+    (literal,) = generator["literals"]
+    name, _, value = literal.partition("=")
+    assert name == "gid"
+    return int(value)
+
+
+def pod_groups(objects: list[dict]) -> dict[str, list[int]]:
+    """The supplementary groups (fsGroup included) of the pods each object makes, by object."""
+    groups = {}
+    for obj in (obj for obj in objects if obj["kind"] in POD_FIELDS):
+        pod = obj
+        for key in POD_FIELDS[obj["kind"]]:
+            pod = pod[key]
+        context = pod.get("securityContext", {})
+        groups[f"{obj['kind']} {obj['metadata']['name']}"] = context.get("supplementalGroups", []) + [context.get("fsGroup")]
+    return groups
+
+
+def test_every_pod_has_the_hosts_hwhiaiuser_group():
+    # The NPU's device nodes and driver libraries belong to the host's HwHiAiUser group, not to the
+    # image's user: without the group the server cannot open the NPU.
+    gid, checked = hwhiaiuser_gid(), 0
+    for path in OBJECT_FILES:
+        for where, groups in pod_groups(documents(path)).items():
+            assert gid in groups, f"{relative(path)}: {where}"
+            checked += 1
+    assert checked == 10  # two Deployments, seven InferenceServices, the Seldon Server
+
+
+def test_the_hwhiaiuser_group_is_set_in_one_place(kubectl, tmp_path):
+    # Another host's id, set in the component only, reaches every pod every kustomization makes.
+    shutil.copytree(MANIFESTS, tmp_path / "manifests")
+    kustomization = tmp_path / "manifests" / HWHIAIUSER.relative_to(MANIFESTS) / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace(f"gid={hwhiaiuser_gid()}", "gid=4321"))
+    assert hwhiaiuser_gid(kustomization.parent) == 4321
+    made = {}
+    for directory in KUSTOMIZATIONS:
+        objects = kustomize(kubectl, tmp_path / "manifests" / directory.relative_to(MANIFESTS))
+        made |= {f"{relative(directory)}: {where}": groups for where, groups in pod_groups(objects).items()}
+    assert made and all(groups[:1] == [4321] for groups in made.values()), made
+    assert {where.partition(":")[0] for where in made} == {
+        "manifests/triton", "manifests/mindie/base", "manifests/mindie/vnpu", "manifests/seldon", "manifests/autoscaling/business-hours"}
+
+
 #: The strategy KServe gives an InferenceService's Deployment without a deploymentStrategy (kserve
 #: pkg/controller/v1beta1/inferenceservice/reconcilers/deployment/deployment_reconciler.go,
 #: setDefaultDeploymentSpec; 0.15.2 to 0.20.0).
