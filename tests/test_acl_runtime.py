@@ -395,6 +395,10 @@ def test_specs_and_info(dynamic_om):
         (["Conv_9:0"], [], ["Conv_9:0"]),
         (["a:0:boxes", "Sigmoid_3:0"], ["boxes", "scores"], ["boxes", "Sigmoid_3:0"]),  # left to the config check
         (["Conv_9:0"], ["boxes", "scores"], ["Conv_9:0"]),  # counts differ: no pairing in order
+        (["output_0_Conv_9_0", "output_1_Sigmoid_3_0"], ["boxes", "scores"], ["boxes", "scores"]),  # Graph API
+        (["output_1_Sigmoid_3_0", "output_0_Conv_9_0"], ["boxes", "scores"], ["scores", "boxes"]),  # by its index
+        (["output_1_Sigmoid_3_0", "Conv_9:0"], ["boxes", "scores"], ["boxes", "scores"]),  # not all: in order
+        (["output_0_Conv_9_0"], [], ["output_0_Conv_9_0"]),
     ],
 )
 def test_served_output_names(file_names, config_names, served):

@@ -133,3 +133,36 @@ def test_host_addresses_are_real_and_a_view_of_freed_pinned_memory_fails_on_use(
     assert ctypes.string_at(pinned, 16) == bytes([acl.POISON]) * 16
     copy = acl.rt.memcpy_async(device, 16, pinned, 16, acl.ACL_MEMCPY_HOST_TO_DEVICE, acl.stream)
     assert copy == acl.ACL_ERROR_INVALID_PARAM  # no such allocation any more
+
+
+def test_names_over_127_characters_are_renamed_in_the_dims_only(acl, tmp_path):
+    long_in, long_out = "i" * 128, "o" * 200
+    model = acl.fake_write_om(
+        tmp_path / "m.om",
+        [(long_in, acl.ACL_FLOAT, [2]), ("acl_modelId_1_output_1", acl.ACL_FLOAT, [3]), ("short", acl.ACL_FLOAT, [1])],
+        outputs=[("x" * 127, acl.ACL_FLOAT, [2]), (long_out, acl.ACL_FLOAT, [3])],
+    )
+    model_id, _ = acl.mdl.load_from_file(str(model))
+    assert model_id == 1
+    desc = acl.mdl.create_desc()
+    acl.mdl.get_desc(desc, model_id)
+    assert acl.mdl.get_input_dims(desc, 0)[0]["name"] == "acl_modelId_1_input_0"
+    assert acl.mdl.get_output_dims(desc, 0)[0]["name"] == "x" * 127  # 127 fit
+    assert acl.mdl.get_output_dims(desc, 1)[0]["name"] == "acl_modelId_1_output_1_a"  # taken: a suffix
+    assert acl.mdl.get_input_name_by_index(desc, 0) == long_in
+    assert acl.mdl.get_output_name_by_index(desc, 1) == long_out
+    assert acl.mdl.get_input_index_by_name(desc, long_in) == (0, acl.ACL_SUCCESS)
+
+
+def test_graph_api_output_names_carry_the_network_output_index(acl, tmp_path):
+    model = acl.fake_write_om(
+        tmp_path / "m.om",
+        [("a", acl.ACL_FLOAT, [2]), ("b", acl.ACL_INT32, [3])],
+        outputs=[("y", acl.ACL_FLOAT, [2]), ("z", acl.ACL_INT32, [3])],
+        graph_names=[1, 0],
+    )
+    model_id, _ = acl.mdl.load_from_file(str(model))
+    desc = acl.mdl.create_desc()
+    acl.mdl.get_desc(desc, model_id)
+    names = [acl.mdl.get_output_name_by_index(desc, i) for i in range(2)]
+    assert names == ["output_1_node_1_0", "output_0_node_0_0"]

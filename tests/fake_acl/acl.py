@@ -115,6 +115,7 @@ import ctypes
 import itertools
 import json
 import os
+import string
 import threading
 import types
 import warnings
@@ -304,8 +305,8 @@ class _Model:
         if tensor["name"] == DYNAMIC_BATCH_INPUT:
             return _GEAR_INPUT_SIZE
         dims = self.dims(tensor)
-        if any(d < 0 for d in dims):  # a dynamic dim and no gear: nothing to size it by, 0
-            return 0  # (aclmdlGetTensorSize without shape ranges, hicann/ge api/acl/acl_model/model/model_om2.cpp)
+        if any(d < 0 for d in dims):  # a dynamic dim and no gear: the fake has nothing to size it by
+            return 0  # as aclmdlGetTensorSize when its shape range cannot (hicann/ge api/acl/acl_model/model/model_om2.cpp)
         return int(np.prod(dims)) * ITEM_SIZES[tensor["dtype"]]
 
     def dims(self, tensor: dict) -> list[int]:
@@ -515,14 +516,18 @@ def fake_leaks() -> dict[str, object]:
     return {k: v for k, v in leaks.items() if v}
 
 
-def fake_write_om(path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False) -> Path:
+def fake_write_om(
+    path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False, graph_names: list[int] | None = None
+) -> Path:
     """Writes a fake .om descriptor; tensors are (name, acl_dtype, dims) or dicts.
 
     `outputs` defaults to one output per input, "<input>_out", with its dtype and dims.
-    `atc_names`: name the outputs as ATC names those of a model converted from ONNX,
-    `<operator>:<edge>:<output name>` (aclmdlGetOutputNameByIndex, CANN 8.0:
-    hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1457.html);
-    the operator here is a made-up `node_<i>`. Inputs keep their names, as ATC keeps them.
+    How aclmdlGetOutputNameByIndex names the outputs (CANN 8.0 API reference:
+    hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha003/apiref/appdevgapi/aclcppdevg_03_1457.html),
+    the operator being a made-up `node_<i>`; inputs keep their names either way:
+    `atc_names`, as ATC names those of a model converted from ONNX, `<operator>:<edge>:<output name>`;
+    `graph_names`, as a model built with the Ascend Graph API, `output_<network output index>_<operator>_<edge>`:
+    the network output index of each of `outputs`, which may list them in another order than the network.
     """
     inputs = [_as_dict(t) for t in inputs]
     if outputs is None:
@@ -530,6 +535,8 @@ def fake_write_om(path, inputs, outputs=None, dynamic_batch=None, atc_names: boo
     outputs = [_as_dict(t) for t in outputs]
     if atc_names:
         outputs = [{**t, "name": f"node_{i}:0:{t['name']}"} for i, t in enumerate(outputs)]
+    if graph_names is not None:
+        outputs = [{**t, "name": f"output_{i}_node_{i}_0"} for i, t in zip(graph_names, outputs, strict=True)]
     descriptor = {
         "fake_acl_om": 1,
         "inputs": inputs,
@@ -1309,9 +1316,31 @@ def _dims(which: str):
         tensor = tensors[index]
         # Real pyACL: input dims keep -1 for a dynamic batch; output dims give the largest gear.
         reported = list(tensor["dims"]) if which == "input" else model.dims(tensor)
-        return {"name": tensor["name"], "dimCount": len(reported), "dims": reported}
+        name = _dims_name(model, _state.descs[desc], which, index)
+        return {"name": name, "dimCount": len(reported), "dims": reported}
 
     return _api(f"acl.mdl.get_{which}_dims")(dims)
+
+
+def _dims_name(model: _Model, model_id: int, which: str, index: int) -> str:
+    """The name in aclmdlIODims. One longer than 127 characters does not fit its char[128]
+    (ACL_MAX_TENSOR_NAME_LEN, acl_mdl.h): it reads acl_modelId_<model id>_<input|output>_<index>,
+    with _a.._z, then _aa.._zzz, added when a tensor of the model already has that name
+    (GetTensorDescNameToDims, GetConvertTensorName and TransConvertTensorNameToLegal in hicann/ge
+    api/acl/acl_model/model/model_common.cpp; documented on aclmdlGetInputDims/aclmdlGetOutputDims,
+    CANN 9.0 API reference aclcppdevg_03_1455). aclmdlGet{Input,Output}NameByIndex keep the real one."""
+    real = (model.inputs if which == "input" else model.outputs)[index]["name"]
+    if len(real) <= 127:
+        return real
+    taken = {t["name"] for t in model.inputs + model.outputs}
+    converted = f"acl_modelId_{model_id}_{which}_{index}"
+    if converted not in taken:
+        return converted
+    for length in (1, 2, 3):
+        for letters in itertools.product(string.ascii_lowercase, repeat=length):
+            if (candidate := f"{converted}_{''.join(letters)}") not in taken:
+                return candidate
+    return converted  # TransConvertTensorNameToLegal gives up after three letters
 
 
 mdl.get_num_inputs = _api("acl.mdl.get_num_inputs")(

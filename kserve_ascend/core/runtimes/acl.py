@@ -23,6 +23,7 @@ import atexit
 import ctypes
 import importlib
 import logging
+import re
 import threading
 import warnings
 from collections import Counter
@@ -221,22 +222,35 @@ def _onnx_name(name: str) -> str:
     return parts[2] if len(parts) == 3 and parts[1].isdigit() else name
 
 
+def _network_index(name: str) -> int | None:
+    """The network output index in an Ascend Graph API output name `output_<i>_<operator>_<edge>`."""
+    found = re.fullmatch(r"output_(\d+)_.+_\d+", name)
+    return int(found[1]) if found else None
+
+
 def served_output_names(file_names: Sequence[str], config_names: Sequence[str]) -> list[str]:
     """The name each output of an `.om` file is served under.
 
-    ATC names the outputs of a model converted from ONNX `<operator>:<edge>:<output name>`, or
-    `<operator>:<edge>` when the conversion named output nodes (aclmdlGetOutputNameByIndex, CANN 8.0:
-    hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1457.html);
-    it keeps input names. So a file output is the config's output of the same name, else of the
-    name after its last ':'; when none matches either way and the config names as many outputs as
-    the file has, they pair in order (a config lists them in the ONNX model's order). A config that
-    names no outputs gets the ONNX names. An output no rule names keeps its file name, for the
-    config check to refuse.
+    aclmdlGetOutputNameByIndex names the outputs of a model ATC converted from ONNX
+    `<operator>:<edge>:<output name>`, or `<operator>:<edge>` when the conversion named output
+    nodes, and those of a model built with the Ascend Graph API `output_<network output
+    index>_<operator>_<edge>` (CANN 8.0 API reference, aclmdlGetOutputNameByIndex:
+    hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha003/apiref/appdevgapi/aclcppdevg_03_1457.html);
+    inputs keep their names. So a file output is the config's output of the same name, else of
+    the name after its last ':'; when none matches either way and the config names as many
+    outputs as the file has, they pair in order (a config lists them in the network's order), by
+    the index a Graph API name carries where every name carries one. A config that names no
+    outputs gets the ONNX names. An output no rule names keeps its file name, for the config
+    check to refuse. (The names are the real ones however long: aclmdlGetOutputDims would rename
+    one over 127 characters, acl_modelId_<id>_output_<i>, which changes with the load order.)
     """
     wanted = set(config_names)
     matched = [name if name in wanted else _onnx_name(name) if _onnx_name(name) in wanted else None
                for name in file_names]
     if config_names and not any(matched) and len(config_names) == len(file_names):
+        order = [_network_index(name) for name in file_names]
+        if None not in order and sorted(order) == list(range(len(order))):
+            return [config_names[i] for i in order]
         return list(config_names)
     if not config_names:
         matched = [_onnx_name(name) for name in file_names]
