@@ -265,20 +265,41 @@ def test_every_kustomization_renders_valid_objects(kubectl, directory):
         validate(obj)
 
 
-# Per chip overlay: the extended resource Ascend's device plugin advertises the NPUs as, and the
-# values its node.kubernetes.io/npu.chip.name label takes (the Name of `npu-smi info`), as Ascend's
-# MindCluster documentation lists them: resources in "Preparation of Job YAML Files"
+# Per chip overlay: the extended resource Ascend's device plugin advertises the NPUs as, the values
+# of the node label the overlay's pods are pinned with under each labelling scheme, and the image tag
+# docker/kserve.Dockerfile is built as for that chip's CANN image (the base's is 910B).
+# Resources as Ascend's MindCluster documentation lists them in "Preparation of Job YAML Files"
 # (hiascend.com/document/detail/zh/mindcluster/600/clustersched/usage/schedulingug/mxdlug_scheduling_049.html:
 # Atlas 800I A2 huawei.com/Ascend910, Atlas 300I huawei.com/Ascend310, Atlas inference series
-# huawei.com/Ascend310P), the label in "K8s原生对象说明" (.../mindcluster/60rc3/clustersched/reference/api/dlug_api_039.html).
-# And the image tag docker/kserve.Dockerfile is built as for that chip's CANN image (the base's is 910B).
-CHIP_LABEL = "node.kubernetes.io/npu.chip.name"
+# huawei.com/Ascend310P). node.kubernetes.io/npu.chip.name: the Name of `npu-smi info`, set by
+# MindCluster's device plugin ("K8s原生对象说明", .../mindcluster/60rc3/clustersched/reference/api/dlug_api_039.html;
+# Ascend/mind-cluster component/ascend-device-plugin/pkg/server/manager.go, updateChipNameToNode).
+# accelerator: the label the older Ascend/ascend-device-plugin's DaemonSets select their nodes by
+# (build/ascendplugin-910.yaml, -310.yaml, -310P.yaml, nodeSelector), and MindCluster's plugin sets
+# from 26.1.0 (component/ascend-common/api/default_name.go, Accelerator910Label ...).
+CHIP_LABELS = {"npu-chip-name": "node.kubernetes.io/npu.chip.name", "accelerator": "accelerator"}
 CHIPS = {
-    "ascend910": ("huawei.com/Ascend910", r"910(A|ProA|ProB|PremiumA)", "kserve-ascend:0.1.0-910"),
-    "ascend910b": ("huawei.com/Ascend910", r"910B[1-4]", "kserve-ascend:0.1.0"),
-    "ascend310": ("huawei.com/Ascend310", r"310", "kserve-ascend:0.1.0-310"),
-    "ascend310p": ("huawei.com/Ascend310P", r"310P[1-4]", "kserve-ascend:0.1.0-310p"),
+    "ascend910": ("huawei.com/Ascend910", {"npu-chip-name": r"910(A|ProA|ProB|PremiumA)", "accelerator": "huawei-Ascend910"},
+                  "kserve-ascend:0.1.0-910"),
+    "ascend910b": ("huawei.com/Ascend910", {"npu-chip-name": r"910B[1-4]", "accelerator": "huawei-Ascend910"}, "kserve-ascend:0.1.0"),
+    "ascend310": ("huawei.com/Ascend310", {"npu-chip-name": r"310", "accelerator": "huawei-Ascend310"}, "kserve-ascend:0.1.0-310"),
+    "ascend310p": ("huawei.com/Ascend310P", {"npu-chip-name": r"310P[1-4]", "accelerator": "huawei-Ascend310P"},
+                   "kserve-ascend:0.1.0-310p"),
 }
+#: Every kustomization pinned to a chip, with its chip: the overlays and the MindIE-style vNPU one.
+CHIP_PINNED = {**{MANIFESTS / "overlays" / overlay: overlay for overlay in CHIPS}, MANIFESTS / "mindie" / "vnpu": "ascend310p"}
+CHIP_LABEL_COMPONENT = MANIFESTS / "components" / "chip-label"
+
+
+def with_chip_label(tmp_path: Path, scheme: str) -> Path:
+    """A copy of manifests/ with the labelling scheme `scheme` chosen where a user chooses it."""
+    copy = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    kustomization = copy / CHIP_LABEL_COMPONENT.relative_to(MANIFESTS) / "kustomization.yaml"
+    component = yaml.safe_load(kustomization.read_text())
+    assert component["components"] == ["npu-chip-name"]  # the default: MindCluster's device plugin
+    kustomization.write_text(yaml.safe_dump({**component, "components": [scheme]}))
+    return copy
 
 
 def leaves(node, path: tuple = ()) -> dict[tuple, object]:
@@ -290,27 +311,46 @@ def leaves(node, path: tuple = ()) -> dict[tuple, object]:
     return {path: node}
 
 
-def test_there_is_an_overlay_per_chip():
+def test_there_is_an_overlay_per_chip_and_a_component_per_chip_label():
     assert {path.name for path in (MANIFESTS / "overlays").iterdir()} == set(CHIPS)
+    assert {path.parent.name for path in CHIP_LABEL_COMPONENT.glob("*/kustomization.yaml")} == set(CHIP_LABELS)
 
 
+@pytest.mark.parametrize("scheme", sorted(CHIP_LABELS))
 @pytest.mark.parametrize("overlay", sorted(CHIPS))
-def test_a_chip_overlay_changes_exactly_the_npu_resource_the_node_selector_and_the_image(kubectl, overlay):
+def test_a_chip_overlay_changes_exactly_the_npu_resource_the_node_selector_and_the_image(kubectl, tmp_path, overlay, scheme):
     resource, chip, image = CHIPS[overlay]
-    (base,) = kustomize(kubectl, MANIFESTS / "base")
-    (runtime,) = kustomize(kubectl, MANIFESTS / "overlays" / overlay)
+    manifests = with_chip_label(tmp_path, scheme)
+    (base,) = kustomize(kubectl, manifests / "base")
+    (runtime,) = kustomize(kubectl, manifests / "overlays" / overlay)
     (container,) = runtime["spec"]["containers"]
     assert container["resources"]["limits"][resource] == "1"
     assert [name for name in container["resources"]["limits"] if name.startswith("huawei.com/")] == [resource]
-    (label,) = runtime["spec"]["nodeSelector"].items()
-    assert label[0] == CHIP_LABEL and re.fullmatch(chip, label[1]), label
+    label = CHIP_LABELS[scheme]
+    assert list(runtime["spec"]["nodeSelector"]) == [label]
+    assert re.fullmatch(chip[scheme], runtime["spec"]["nodeSelector"][label]), runtime["spec"]["nodeSelector"]
     assert container["image"] == image
     before, after = leaves(base), leaves(runtime)
     changed = {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
     limits = ("spec", "containers", 0, "resources", "limits")
-    assert changed <= {(*limits, "huawei.com/Ascend910"), (*limits, resource), ("spec", "nodeSelector", CHIP_LABEL),
+    assert changed <= {(*limits, "huawei.com/Ascend910"), (*limits, resource), ("spec", "nodeSelector", label),
                        ("spec", "containers", 0, "image")}, changed
-    assert ("spec", "nodeSelector", CHIP_LABEL) in changed
+    assert ("spec", "nodeSelector", label) in changed
+
+
+@pytest.mark.parametrize("scheme", sorted(CHIP_LABELS))
+def test_the_chip_label_is_chosen_in_one_place_for_every_chip_pinned_kustomization(kubectl, tmp_path, scheme):
+    manifests = with_chip_label(tmp_path, scheme)
+    pinned = {}
+    for directory in KUSTOMIZATIONS:
+        for obj in kustomize(kubectl, manifests / directory.relative_to(MANIFESTS)):
+            for where, pod in pod_specs(obj):
+                if "nodeSelector" in pod:
+                    pinned[directory] = pod["nodeSelector"]
+    assert set(pinned) == set(CHIP_PINNED)  # no pod is pinned to a chip elsewhere
+    for directory, selector in pinned.items():
+        value = CHIPS[CHIP_PINNED[directory]][1][scheme]
+        assert list(selector) == [CHIP_LABELS[scheme]] and re.fullmatch(value, selector[CHIP_LABELS[scheme]]), (relative(directory), selector)
 
 
 def test_the_monitoring_kustomization_ships_the_dashboard_and_the_scrape_job(kubectl):
