@@ -4,9 +4,11 @@ The NPU driver's device nodes (/dev/davinci<N>, one per NPU, and /dev/davinci_ma
 /dev/devmm_svm, /dev/hisi_hdc, the ones every container that uses an NPU is given: Ascend
 Docker Runtime, Ascend's device plugin) and its libraries (/usr/local/Ascend/driver/lib64, where
 CANN's set_env.sh looks for libascend_hal.so: hicann/runtime scripts/package/runtime/set_env.sh)
-belong to the host's HwHiAiUser group, whose gid differs between hosts. A process outside that
-group fails inside ACL with a code that does not say why; this says which node or library, whose
-group it is, and how to join it. Permissions only (access(2)): a device is not opened here.
+belong to the host's HwHiAiUser group (`crw-rw---- 1 HwHiAiUser HwHiAiUser 239, 0 ... /dev/davinci0`,
+as Ascend/ascend-npu-exporter's dsmi/dsmi.go reads them), whose gid differs between hosts. A
+process outside that group fails inside ACL with a code that does not say why; this says which
+node or library, whose group it is, and how to join it. Permissions only (access(2)): a device
+is not opened here.
 
 The server checks when it first uses the NPU (an .om model, or an ONNX model on the CANN
 execution provider) and logs a WARNING per problem; a CPU-only host serving CPU models is never
