@@ -556,3 +556,19 @@ def test_a_compile_cache_that_cannot_be_made_fails_the_cann_load_naming_it(cann_
     assert f"the compile cache {tmp_path}/file/cache/onnxruntime-1.22.1-cann-unknown cannot be made (Not a directory)" in cann["error"]
     assert f"Set {compile_cache.ENV} to a writable directory" in cann["error"]
     assert auto["info"]["degraded"] == "true" and "cannot be made" in auto["info"]["degraded_reason"]
+
+
+def test_a_user_without_a_home_is_told_to_name_the_compile_cache(workspace):
+    """Kubernetes may run an image as a uid its /etc/passwd lacks, with no HOME."""
+    script = (
+        "from pathlib import Path\n"
+        "from kserve_ascend.core import compile_cache\n"
+        "try:\n"
+        "    compile_cache.enter(Path('model.onnx'), 'onnxruntime-1.22.1')\n"
+        "except compile_cache.Unwritable as error:\n"
+        "    print(error)\n"
+    )
+    env = {k: v for k, v in environment().items() if k not in ("HOME", "XDG_CACHE_HOME", compile_cache.ENV)}
+    done = subprocess.run(as_user([str(workspace.python(ROOT / ".venv")), "-c", script], uid=4321, gid=4321),
+                          capture_output=True, text=True, env=env, cwd=workspace.path, check=True)
+    assert done.stdout == f"uid 4321 has no home directory for the compile cache: set {compile_cache.ENV} to a writable directory\n"

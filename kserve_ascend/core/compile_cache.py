@@ -44,11 +44,16 @@ class Unwritable(Exception):
 
 
 def root() -> Path:
-    """The cache directory: KSERVE_ASCEND_CACHE_DIR, else kserve-ascend's under the XDG cache home."""
+    """The cache directory: KSERVE_ASCEND_CACHE_DIR, else kserve-ascend's under the XDG cache home.
+
+    Raises Unwritable when neither is set and the user has no home directory."""
     configured = os.environ.get(ENV)
     if configured:
         return Path(configured).absolute()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "kserve-ascend").absolute()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if cache.startswith("~"):
+        raise Unwritable(f"uid {os.getuid()} has no home directory for the compile cache: set {ENV} to a writable directory")
+    return Path(cache, "kserve-ascend").absolute()
 
 
 def cann_version() -> str | None:
