@@ -11,6 +11,7 @@ Prometheus (promtool) on series shaped as the scrape job stores this server's me
 from __future__ import annotations
 
 import copy
+import fnmatch
 import os
 import re
 import shutil
@@ -42,7 +43,9 @@ from conftest import (
 from google.protobuf import text_format
 from kubernetes.utils.quantity import parse_quantity
 from test_manifests import (  # noqa: F401  (runtime_ports, kubectl: fixtures)
+    KNATIVE_MODES,
     MANIFESTS,
+    NAMESPACED_RUNTIME,
     RUNTIME,
     TRITON,
     documents,
@@ -68,6 +71,7 @@ MINDIE = MANIFESTS / "mindie"
 SELDON = MANIFESTS / "seldon"
 SCRAPE_CONFIG = MANIFESTS / "monitoring" / "prometheus-scrape-config.yaml"
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+DOCS = ROOT / "docs" / "kubernetes.md"
 
 INFERENCE_SERVICES = sorted(
     path for path in MANIFESTS.rglob("*.yaml") if any(doc.get("kind") == "InferenceService" for doc in documents(path) if isinstance(doc, dict))
@@ -269,6 +273,14 @@ def test_kserve_takes_every_inference_service_and_its_updates_in_the_mode_it_nam
             assert kserve.refusal(updated, recorded) is None, kserve.refusal(updated, recorded)
 
 
+def test_the_support_matrix_says_how_to_apply_the_manifests_to_each_release():
+    rows = {cells[1].strip(): cells[3].strip() for cells in (line.split("|") for line in DOCS.read_text().splitlines())
+            if len(cells) > 3 and re.fullmatch(r" 0\.\d+\.\d+( to 0\.\d+\.\d+)? ", cells[1])}
+    assert [release.replace(" to ", "-") for release in rows] == [kserve.releases for kserve in KSERVE_RELEASES]
+    for kserve, how in zip(KSERVE_RELEASES, rows.values()):
+        assert how == (f"through `manifests/components/{kserve.component}`" if kserve.component else "as they are")
+
+
 def test_the_release_rules_refuse_what_kserve_refuses():
     isvc = the(GRPC_RAW, "InferenceService")
     old_names = {**isvc, "metadata": {**isvc["metadata"], "annotations": {DEPLOYMENT_MODE: "RawDeployment"}}}
@@ -290,16 +302,39 @@ def test_the_release_rules_refuse_what_kserve_refuses():
 # --- gRPC through an InferenceService ------------------------------------------------------
 
 
-def merged_container(isvc: dict) -> dict:
+POD_SPEC, CONTAINER = "io.k8s.api.core.v1.PodSpec", "io.k8s.api.core.v1.Container"
+
+
+def strategic_merge(dst, src, schema: dict):
+    """Kubernetes' strategic merge of `src` onto `dst`, values of the API type `schema` names
+    (k8s.io/apimachinery pkg/util/strategicpatch): structs and maps key by key, lists whose
+    patch strategy is merge item by item on their patch merge key, anything else replaced."""
+    name = schema.get("$ref", "").rpartition("/")[2]
+    definition = crd_schema.kubernetes_definition(name) if name else schema
+    if isinstance(dst, dict) and isinstance(src, dict) and ("properties" in definition or "additionalProperties" in definition):
+        fields = definition.get("properties", {})
+        return {**dst, **{key: strategic_merge(dst[key], value, fields.get(key) or definition.get("additionalProperties", {}))
+                          if key in dst else value for key, value in src.items()}}
+    key = definition.get("x-kubernetes-patch-merge-key")
+    if isinstance(dst, list) and isinstance(src, list) and key and "merge" in definition.get("x-kubernetes-patch-strategy", ""):
+        items = {item[key]: item for item in dst}
+        for item in src:
+            items[item[key]] = strategic_merge(items[item[key]], item, definition["items"]) if item[key] in items else item
+        return list(items.values())
+    return src
+
+
+def merged_container(isvc: dict, runtime: dict | None = None) -> dict:
     """The predictor container KServe builds: the runtime's, with the service's model fields merged
-    in by Kubernetes' strategic merge (ports keyed by containerPort)
+    in by Kubernetes' strategic merge (ports keyed by containerPort), the args appended
     (kserve pkg/controller/v1beta1/inferenceservice/utils/utils.go, MergeRuntimeContainers)."""
-    container = copy.deepcopy(runtime_container())
-    ports = {port["containerPort"]: port for port in container.get("ports", [])}
-    for port in isvc["spec"]["predictor"]["model"].get("ports", []):
-        ports[port["containerPort"]] = {**ports.get(port["containerPort"], {}), **port}
-    container["ports"] = list(ports.values())
-    return container
+    (container,) = (runtime or the(RUNTIME, "ClusterServingRuntime"))["spec"]["containers"]
+    fields = crd_schema.kubernetes_definition(CONTAINER)["properties"]
+    model = {key: value for key, value in isvc["spec"]["predictor"]["model"].items() if key in fields}
+    merged = strategic_merge(copy.deepcopy(container), model, {"$ref": CONTAINER})
+    if "args" in model:
+        merged["args"] = container.get("args", []) + model["args"]
+    return merged
 
 
 def knative_probes(container: dict) -> tuple[dict, dict, int]:
@@ -369,6 +404,121 @@ def test_the_raw_services_ports_reach_rest_and_grpc_on_the_running_runtime(runti
     assert requests.get(f"http://127.0.0.1:{runtime_ports[rest['targetPort']]}/v2/models/yolov8n", timeout=5).status_code == 200
     with grpcclient.InferenceServerClient(f"127.0.0.1:{runtime_ports[grpc['targetPort']]}") as client:
         assert client.is_model_ready("yolov8n")
+
+
+# --- What Knative takes -----------------------------------------------------------------------
+
+#: Knative's field mask (tests/upstream/: its source and release).
+KNATIVE_MASK = yaml.safe_load((ROOT / "tests" / "upstream" / "knative-serving-v1.15.0-fieldmask.yaml").read_text())
+#: The runtime's pod fields KServe puts under the service's (kserve pkg/controller/v1beta1/inferenceservice/
+#: utils/utils.go, MergePodSpec).
+RUNTIME_POD_FIELDS = ("nodeSelector", "affinity", "tolerations", "volumes", "imagePullSecrets")
+KNATIVE_SERVICES = [path for path in INFERENCE_SERVICES if the(path, "InferenceService")["metadata"]["annotations"][DEPLOYMENT_MODE] in KNATIVE_MODES]
+
+def knative_pod(isvc: dict, runtime: dict) -> dict:
+    """The pod spec KServe gives the Knative Service of a Knative-mode InferenceService: the runtime's
+    pod fields with the predictor's merged over them, and one container, the runtime's with the
+    model's fields merged in (kserve pkg/controller/v1beta1/inferenceservice/components/predictor.go,
+    buildPodSpec)."""
+    fields = crd_schema.kubernetes_definition(POD_SPEC)["properties"]
+    pod = strategic_merge({key: runtime["spec"][key] for key in RUNTIME_POD_FIELDS if key in runtime["spec"]},
+                          {key: value for key, value in isvc["spec"]["predictor"].items() if key in fields},
+                          {"$ref": POD_SPEC})
+    return {**pod, "containers": [merged_container(isvc, runtime)]}
+
+
+def knative_fields(value: dict, type_name: str = POD_SPEC, path: str = "spec.template.spec") -> tuple[dict[str, str], list[str]]:
+    """({field: the config-features flag that lets it through}, [fields no flag lets through]) of a
+    value of an API type, by Knative's field mask, at every level Knative applies it. A field counts as
+    set when it is present (Knative's CheckDisallowedFields: different from its Go zero value, which
+    for the pointer fields, as privileged, includes false)."""
+    mask = KNATIVE_MASK["masks"].get(type_name)
+    if mask is None:
+        return {}, []
+    properties = crd_schema.kubernetes_definition(type_name)["properties"]
+    gated, refused = {}, []
+    for key, field in value.items():
+        where = f"{path}.{key}"
+        if key in mask.get("gated", {}):
+            gated[where] = mask["gated"][key]
+        elif key not in mask.get("allowed", []) and not (key in mask.get("false_only", []) and field is False):
+            refused.append(where)
+            continue
+        schema = properties[key]
+        inner = (schema.get("items") or schema).get("$ref", "").rpartition("/")[2]
+        for i, item in enumerate(field if "items" in schema else [field]):
+            if inner and isinstance(item, dict):
+                more_gated, more_refused = knative_fields(item, inner, f"{where}[{i}]" if "items" in schema else where)
+                gated |= more_gated
+                refused += more_refused
+    return gated, refused
+
+
+def runtimes(kubectl: str) -> dict[str, dict]:
+    """Every runtime an InferenceService may run on, by the manifest that makes it."""
+    found = {relative(RUNTIME): the(RUNTIME, "ClusterServingRuntime"), relative(NAMESPACED_RUNTIME): the(NAMESPACED_RUNTIME, "ServingRuntime")}
+    for overlay in sorted((MANIFESTS / "overlays").iterdir()):
+        (found[relative(overlay)],) = kustomize(kubectl, overlay)
+    return found
+
+
+def documented_features() -> list[tuple[list[str], set[str]]]:
+    """(manifest paths or patterns, config-features flags) of each row of docs/kubernetes.md's table
+    of the Knative features each manifest needs."""
+    lines = DOCS.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Manifest, in Knative mode |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        manifests, flags = line.strip("|").split("|")[:2]
+        rows.append((re.findall(r"`(manifests/[^`]+)`", manifests), set(re.findall(r"`(kubernetes\.[\w.-]+)`", flags))))
+    return rows
+
+
+def documented_for(manifest: str) -> set[str]:
+    return {flag for patterns, flags in documented_features() if any(fnmatch.fnmatch(manifest, p) for p in patterns) for flag in flags}
+
+
+def needed(gated: dict[str, str]) -> set[str]:
+    return set(gated.values()) - set(KNATIVE_MASK["enabled_by_default"])
+
+
+@pytest.mark.parametrize("path", KNATIVE_SERVICES, ids=relative)
+def test_knative_takes_each_service_on_each_runtime_with_the_features_the_documentation_names(kubectl, path):
+    isvc = the(path, "InferenceService")
+    for runtime_path, runtime in runtimes(kubectl).items():
+        gated, refused = knative_fields(knative_pod(isvc, runtime))
+        assert refused == [], f"{relative(path)} on {runtime_path}: Knative refuses {refused}"
+        named = documented_for(relative(path)) | documented_for(runtime_path)
+        assert needed(gated) <= named, f"{relative(path)} on {runtime_path}: {gated}; docs/kubernetes.md names {named}"
+
+
+def test_the_documentation_names_no_knative_feature_a_manifest_does_not_need(kubectl):
+    bare = {"spec": {"predictor": {"model": {}}}}  # a service of no pod fields: what a runtime needs
+    needs = {relative(path): needed(knative_fields(knative_pod(the(path, "InferenceService"), the(RUNTIME, "ClusterServingRuntime")))[0])
+             for path in KNATIVE_SERVICES}
+    needs |= {where: needed(knative_fields(knative_pod(bare, runtime))[0]) for where, runtime in runtimes(kubectl).items()}
+    for patterns, flags in documented_features():
+        matched = [manifest for manifest in needs if any(fnmatch.fnmatch(manifest, pattern) for pattern in patterns)]
+        assert matched, patterns
+        assert flags == set().union(*(needs[manifest] for manifest in matched)), (patterns, flags)
+
+
+def test_the_knative_mask_refuses_what_knative_refuses(kubectl):
+    isvc = the(MANIFESTS / "examples" / "inferenceservice-yolov8n.yaml", "InferenceService")
+    overlay = runtimes(kubectl)["manifests/overlays/ascend910b"]
+    gated, refused = knative_fields(knative_pod(isvc, overlay))
+    assert gated == {"spec.template.spec.nodeSelector": "kubernetes.podspec-nodeselector",
+                     "spec.template.spec.securityContext": "kubernetes.podspec-securitycontext"} and refused == []
+    privileged = copy.deepcopy(overlay)
+    privileged["spec"]["containers"][0]["securityContext"]["privileged"] = False  # refused up to Knative 1.16
+    hook = copy.deepcopy(isvc)
+    hook["spec"]["predictor"]["model"]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    hook["spec"]["predictor"]["terminationGracePeriodSeconds"] = 30
+    assert knative_fields(knative_pod(isvc, privileged))[1] == ["spec.template.spec.containers[0].securityContext.privileged"]
+    assert knative_fields(knative_pod(hook, overlay))[1] == ["spec.template.spec.terminationGracePeriodSeconds",
+                                                            "spec.template.spec.containers[0].lifecycle"]
 
 
 # --- Autoscaling ---------------------------------------------------------------------------
