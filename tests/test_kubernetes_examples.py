@@ -3,9 +3,11 @@ KEDA), Istio policies, the MindIE-style Deployment (and its vNPU overlay), Seldo
 
 Every object is validated against its project's CRD or Kubernetes' schema by
 test_manifests.py (all of manifests/); here, what the schemas cannot see: what KServe and Knative
-make of the examples (as their sources cited below do it), the servers started with the examples'
-own args and asked what the probes and clients ask, the autoscaling queries run by the real
-Prometheus (promtool) on series shaped as the scrape job stores this server's metrics.
+make of the examples (as their sources cited below do it: each supported KServe release's
+deployment-mode rules, Knative's field mask against the features docs/kubernetes.md names), the
+servers started with the examples' own args and asked what the probes and clients ask, the
+autoscaling queries run by the real Prometheus (promtool) on series shaped as the scrape job
+stores this server's metrics.
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@
   servers started with those args (ports and paths substituted) and asked every probe path.
 - The Grafana dashboard's panels and layout. (Its queries and the scrape job run in the real
   Prometheus against the real servers: test_prometheus.py.)
-- Every container of every manifest as Pod Security `restricted` admits it, the project's images
-  run as their image's user (HwHiAiUser); the chip overlays change exactly the NPU resource, the
-  node selector and the image; a Triton rollout needs no spare NPU; every server's preStop
-  delay and shutdown timeout fit in its pod's grace period; Knative-only features pin the
-  deployment mode. (Downloads by KServe's storage initializer: test_storage.py.)
+- Every container of every manifest as Pod Security `restricted` admits it, with one handler per
+  probe and hook; the project's images run as their image's user, every pod with the host's
+  HwHiAiUser group, set in one place; the chip overlays change exactly the NPU resource, the node
+  selector (by the label scheme chosen in one place) and the image; no rollout of one-NPU pods
+  needs a spare NPU; every server's preStop delay and shutdown timeout fit in its pod's grace
+  period; Knative-only features pin the deployment mode. (Downloads by KServe's storage
+  initializer: test_storage.py.)
 - The Dockerfiles: every COPY source exists in the build context and is readable by the image's
   user, who is created before USER names it; the entrypoint is the real CLI.
 """
