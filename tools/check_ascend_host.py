@@ -8,7 +8,9 @@ its fix; the first failure ends the run, as every check needs the ones before it
   4. an NPU: `acl.rt.get_device_count` and the device asked for;
   5. ONNX Runtime's CANN execution provider: onnxruntime-cann installed alone, the provider listed,
      and a tiny generated model that loads on it and runs once with the right result;
-  6. that model served by the real server (`python -m kserve_ascend`) and one request answered.
+  6. that model served by the real server (`python -m kserve_ascend`) and one request answered;
+  7. that model compiled by ATC with batch gears, run by the acl runtime through pyACL, every pyACL
+     call recorded into a trace that replays as a test (kserve_ascend/core/runtimes/acl_trace.py).
 
 Checks 5 and 6 run in the directory they are started in, as the images do (a root-owned one):
 the provider saves what it compiles in the compile cache (kserve_ascend/core/compile_cache.py).
@@ -245,6 +247,15 @@ def tail(log: Path, lines: int = 15) -> str:
     return "\n    ".join([""] + log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def om_through_pyacl(args) -> str:
+    from kserve_ascend.core.runtimes.acl_trace import HostCheckFailed, host_check  # numpy: only here
+
+    try:
+        return host_check(args.workdir, args.device, args.trace, args.timeout, environment())
+    except HostCheckFailed as failure:
+        raise Failed(str(failure), failure.fix) from None
+
+
 CHECKS = [
     ("CANN toolkit environment", cann_toolkit),
     ("NPU device access", npu_device_access),
@@ -252,6 +263,7 @@ CHECKS = [
     ("NPU device", npu),
     ("ONNX Runtime CANN execution provider", cann_provider),
     ("a model served through kserve-ascend", serve_once),
+    ("an ATC-built .om through pyACL, recorded", om_through_pyacl),
 ]
 
 
@@ -259,6 +271,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", type=int, default=0, help="the NPU to check (default 0)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds the server may take to load and warm up the model")
+    parser.add_argument("--trace", type=Path, help="where check 7 writes its pyACL trace (default: it says)")
     parser.add_argument("--session", metavar="MODEL", help=argparse.SUPPRESS)  # the child of check 4
     args = parser.parse_args()
     if args.session:

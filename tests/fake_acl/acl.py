@@ -103,7 +103,7 @@ Faults (the control API other tests rely on):
 A fake `.om` file is a JSON descriptor (see `fake_write_om`): inputs and outputs with names,
 ACL data types and dims, and optional dynamic batch gears. "Executing" it copies input i to
 output i for the rows of the gear chosen (bytewise, or cast when the output's type differs, as
-ATC's --output_type does), so values round-trip. Memory is real Python memory: device pointers
+ATC's --output_type does), so values round-trip; or computes Relu of it (`relu`). Memory is real Python memory: device pointers
 are fake integer addresses backed by bytearrays, and host pointers handed out by
 numpy_to_ptr/bytes_to_ptr map fake addresses to the array's own memory, so copies really move
 data.
@@ -293,6 +293,7 @@ class _Model:
     def __init__(self, descriptor: dict, context: int):
         self.context = context
         self.gears = sorted(descriptor.get("dynamic_batch") or [])
+        self.relu = bool(descriptor.get("relu"))
         self.inputs = [_tensor(t) for t in descriptor["inputs"]]
         self.outputs = [_tensor(t) for t in descriptor["outputs"]]
         self.user_inputs = list(self.inputs)
@@ -517,11 +518,13 @@ def fake_leaks() -> dict[str, object]:
 
 
 def fake_write_om(
-    path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False, graph_names: list[int] | None = None
+    path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False, graph_names: list[int] | None = None,
+    relu: bool = False,
 ) -> Path:
     """Writes a fake .om descriptor; tensors are (name, acl_dtype, dims) or dicts.
 
-    `outputs` defaults to one output per input, "<input>_out", with its dtype and dims.
+    `outputs` defaults to one output per input, "<input>_out", with its dtype and dims; output i is
+    input i, or Relu of it with `relu` (the model `make check-ascend` compiles).
     How aclmdlGetOutputNameByIndex names the outputs (CANN 8.0 API reference:
     hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha003/apiref/appdevgapi/aclcppdevg_03_1457.html),
     the operator being a made-up `node_<i>`; inputs keep their names either way:
@@ -542,6 +545,7 @@ def fake_write_om(
         "inputs": inputs,
         "outputs": outputs,
         "dynamic_batch": list(dynamic_batch or []),
+        "relu": relu,
     }
     path = Path(path)
     path.write_text(json.dumps(descriptor, indent=2))
@@ -885,6 +889,13 @@ def get_recent_err_msg() -> str:
     message = getattr(_state.error, "message", "")
     _state.error.message = ""
     return message
+
+
+@_api("acl.get_soc_name")
+def get_soc_name():
+    """The chip's name, which ATC's --soc_version takes; needs no acl.init (CANN's example
+    tools/get_soc_version in hicann/runtime). The fake's names no real chip."""
+    return "FAKE_SOC"
 
 
 @_api("acl.create_data_buffer")
@@ -1475,7 +1486,10 @@ def _execution(model_id: int, input_dataset: int, output_dataset: int):
             count = model.size(given)
             if rows is not None:
                 count = count // model.gears[-1] * rows  # only the rows of the gear run
-            if given["dtype"] == made["dtype"]:
+            if model.relu:  # the host check's model (tools/check_ascend_host.py, check 7)
+                values = np.frombuffer(source[:count], dtype=NUMPY_TYPES[given["dtype"]])
+                target[:count] = np.maximum(values, 0).astype(NUMPY_TYPES[made["dtype"]]).tobytes()
+            elif given["dtype"] == made["dtype"]:
                 target[:count] = source[:count]
             else:  # ATC --output_type: the output is cast
                 values = np.frombuffer(source[:count], dtype=NUMPY_TYPES[given["dtype"]])
