@@ -211,3 +211,15 @@ def test_check_ascend_host_runs_it_as_its_last_check_and_reports_its_failure(tmp
     assert done.stdout.startswith("FAIL Relu([[-3.0, -2.0, -1.0, 0.0]]) on the NPU gave"), done.stderr[-2000:]
     assert "| fix: report it with the trace" in done.stdout
     assert json.loads((tmp_path / "t.json").read_text())["format"] == "kserve-ascend-acl-trace/1"
+
+
+def test_a_load_that_fails_is_recorded_to_acl_finalize(tmp_path):
+    fake = load_fake_acl()
+    om = fake.fake_write_om(tmp_path / "check.om", [("x", fake.ACL_FLOAT, [2, 4])])
+    fake.fake_inject("acl.rt.malloc", fake.ACL_ERROR_BAD_ALLOC)
+    with pytest.raises(DeviceError) as caught:
+        record(fake, om, mc.ModelConfig())
+    trace = json.loads(dump(caught.value.trace))
+    assert trace["error"].startswith("DeviceError: acl.rt.malloc failed with return code 200000")
+    assert trace["calls"][-1]["call"] == "acl.finalize" and fake.fake_leaks() == {}
+    assert replay(trace, om) is None

@@ -932,7 +932,7 @@ rt = types.ModuleType("acl.rt", "FAKE acl.rt (tests only)")
 @_api("acl.rt.set_device")
 def _set_device(device_id: int):
     _require_init()
-    if not isinstance(device_id, int) or device_id < 0:
+    if device_id < 0:  # an int already: PYACL's "i"
         raise _Fail(ACL_ERROR_RT_INVALID_DEVICEID, f"invalid device {device_id!r}")
     _state.devices[device_id] += 1
 
@@ -1069,8 +1069,9 @@ def _free(address: int):
 
 @_api("acl.rt.malloc_host")
 def _malloc_host(size: int):
-    """Pinned host memory at a real address, 64-byte aligned, so that a view made of the address
-    alone (ctypes) works as with real pyACL; its content is not initialised (the fake: zeros)."""
+    """Pinned host memory at a real address, 64-byte aligned: WrapAclRtMallocHost returns the pointer
+    aclrtMallocHost gave (rt/rt_memory.cpp), so a view made of the address alone (ctypes) works as
+    with real pyACL. Its content is not initialised (the fake: zeros)."""
     _require_context()
     if size <= 0:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"malloc_host({size})")

@@ -3,7 +3,7 @@
 `record` runs AclRuntime through a `Recorder`, a proxy of the `acl` module that notes every call
 with its arguments and its result (or the exception it raised) and every call the runtime looked
 for and did not find: on an Ascend host, what CANN's pyACL really answers (`make check-ascend`
-records one, tools/om_trace.py). `replay` runs the same session through a `Replayer`, which
+records one, `check` below). `replay` runs the same session through a `Replayer`, which
 serves those answers to the runtime in place of `acl`, on any machine, and fails naming the call
 when the runtime makes one the trace does not have next, or with other arguments: a change of
 the runtime that real pyACL would see differently shows as a failed test
@@ -70,9 +70,7 @@ class _PinnedMemory:
         return traced
 
     def traced(self, value: Any) -> Any:
-        """`value` with every address inside a buffer moved to the trace's address of it."""
-        if isinstance(value, (list, tuple)):
-            return [self.traced(item) for item in value]
+        """An address inside a buffer moved to the trace's address of it; anything else as it is."""
         if isinstance(value, int) and not isinstance(value, bool):
             for here, traced, size in self._spans:
                 if here <= value < here + size:
@@ -269,12 +267,14 @@ def exercise(runtime: AclRuntime, runs: Iterable[int | None]) -> list[tuple[dict
 
 def _session(acl: Any, model: Path, config: mc.ModelConfig, device_id: int, runs: Sequence[int | None] | None):
     """Load, run, close and (if this session initialised ACL) finalize, as a process does at exit."""
-    runtime = AclRuntime(model, device_id, config, acl=acl)
+    runtime = None
     try:
+        runtime = AclRuntime(model, device_id, config, acl=acl)
         runs = list(runs) if runs is not None else list(runtime.batch_sizes or [None])
         return runtime, runs, exercise(runtime, runs)
     finally:
-        runtime.close()
+        if runtime is not None:
+            runtime.close()
         _PROCESS_ACL.finalize(acl)
 
 
