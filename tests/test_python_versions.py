@@ -3,7 +3,9 @@
 pyproject.toml's requires-python and the Makefile's choice of interpreter say the same versions;
 the code needs no newer Python than the oldest of them, as vermin (a tool that finds the minimum
 version from the code: its syntax, and the standard library's modules, members and arguments it
-uses) reads it. The `ascend` extra is narrower (onnxruntime-cann 1.22.1 has wheels for 3.10 and
+uses) reads it; what it cannot resolve (a keyword argument of a method of an object, such as 3.11's
+`loop.create_task(..., context=)`, which the suite run on 3.10 found) only running on 3.10 shows.
+The `ascend` extra is narrower (onnxruntime-cann 1.22.1 has wheels for 3.10 and
 3.11 only), and so is the Makefile's interpreter for its virtualenv.
 """
 
@@ -36,10 +38,11 @@ def test_the_code_runs_on_python_3_10():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+# Modules and members, not syntax: vermin parses with the running Python, which on 3.10 cannot read
+# 3.11's (it then reports "not enough evidence" and passes).
 @pytest.mark.parametrize("code, needs", [
     ("import tomllib\n", "'tomllib' module requires !2, 3.11"),
     ("from typing import Self\n", "'typing.Self' member requires !2, 3.11"),
-    ("try:\n    pass\nexcept* ValueError:\n    pass\n", "`except*` requires !2, 3.11"),
 ])
 def test_vermin_refuses_what_3_10_lacks(tmp_path, code, needs):
     (tmp_path / "newer.py").write_text(code)

@@ -409,7 +409,8 @@ class Scheduler:
             self._loop = loop = asyncio.get_running_loop()
         if self.execution_timeout_s and (self._watchdog is None or self._watchdog.done()):
             # In a context of its own: it outlives the request that starts it, whose id is not its own.
-            self._watchdog = loop.create_task(self._watch(), context=contextvars.Context())
+            # (Created inside an empty context, which the task copies: create_task's context= is 3.11+.)
+            self._watchdog = contextvars.Context().run(loop.create_task, self._watch())
         pending = Pending(inputs, rows, loop.create_future(), time.monotonic(), shape_key, self.queue.level_of(priority))
         pending.record = timing is None
         pending.timing = timing = RequestTiming() if timing is None else timing
