@@ -1,8 +1,16 @@
 # Two commands do all the set-up: `make serve` and `make test`. `make help` lists the rest.
 
-# Python 3.11: the first of python3.11, python3 and python on PATH that is 3.11, unless given
-# (make PYTHON=/opt/python3.11/bin/python3).
-PYTHON ?= $(firstword $(foreach p,python3.11 python3 python,$(shell command -v $(p) >/dev/null 2>&1 && $(p) -c 'import sys; print(sys.version_info[:2] == (3, 11))' 2>/dev/null | grep -qx True && echo $(p))))
+# Python 3.10, 3.11 or 3.12 (pyproject.toml's requires-python; tests/test_python_versions.py holds
+# the two to each other): the first of python3.11, python3.12, python3.10, python3 and python on
+# PATH that is one of them, unless given (make PYTHON=/opt/python3.12/bin/python3).
+PYTHON_VERSIONS := 3.10 3.11 3.12
+# $(call first_python,VERSIONS,COMMANDS): the first command on PATH whose Python is one of VERSIONS.
+first_python = $(firstword $(foreach p,$(2),$(if $(filter $(shell command -v $(p) >/dev/null 2>&1 && $(p) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null),$(1)),$(p))))
+PYTHON ?= $(call first_python,$(PYTHON_VERSIONS),python3.11 python3.12 python3.10 python3 python)
+# The `ascend` extra's onnxruntime-cann 1.22.1 has wheels for Python 3.10 and 3.11 only (none for 3.12):
+# its virtualenv (.venv/cann) takes PYTHON when that is one of them, else python3.11 or python3.10.
+CANN_PYTHON_VERSIONS := 3.10 3.11
+CANN_PYTHON ?= $(call first_python,$(CANN_PYTHON_VERSIONS),$(PYTHON) python3.11 python3.10)
 VENV   := .venv
 BIN    := $(VENV)/bin
 # What serving needs (`.[cpu]`), then what `make triton`, `make test` and `make bench` add to it.
@@ -50,14 +58,16 @@ help:
 	@echo 'make bench        the benchmark against Triton, MLServer and stock KServe (~25 min; BENCH_ARGS=--quick: ~5 min)'
 	@echo 'make models       regenerate the committed model files from their seeds'
 	@echo 'make check-ascend check an Ascend host: CANN, pyACL, an NPU, the CANN execution provider'
-	@echo 'PYTHON=...        the Python 3.11 to build .venv with (found on PATH by default: $(or $(PYTHON),none))'
+	@echo 'PYTHON=...        the Python 3.10-3.12 to build .venv with (found on PATH by default: $(or $(PYTHON),none))'
+	@echo 'CANN_PYTHON=...   the Python 3.10 or 3.11 of the `ascend` install, .venv/cann (default: $(or $(CANN_PYTHON),none))'
 
-# The virtualenv, from a Python 3.11 (the versions pyproject.toml allows), or why not.
+# The virtualenv, from a Python of the versions pyproject.toml allows, or why not.
 $(BIN)/python:
-	@test -n "$(PYTHON)" || { echo "kserve-ascend needs Python 3.11, and none of python3.11, python3, python on PATH is 3.11" \
-	  "(python3 is $$(python3 --version 2>&1 | tail -1)). Install it (Debian 12: apt-get install python3 python3-venv;" \
-	  "Ubuntu 22.04+: apt-get install python3.11 python3.11-venv) or name it: make PYTHON=/path/to/python3.11" >&2; exit 1; }
-	$(PYTHON) -m venv $(VENV) || { echo "$(PYTHON) cannot make a virtualenv: install its venv module (Debian/Ubuntu: apt-get install python3.11-venv)" >&2; exit 1; }
+	@test -n "$(PYTHON)" || { echo "kserve-ascend needs Python $(PYTHON_VERSIONS), and none of python3.11, python3.12, python3.10," \
+	  "python3, python on PATH is one (python3 is $$(python3 --version 2>&1 | tail -1)). Install one (Debian 12:" \
+	  "apt-get install python3 python3-venv; Ubuntu 22.04+: apt-get install python3 python3-venv) or name it:" \
+	  "make PYTHON=/path/to/python3" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV) || { echo "$(PYTHON) cannot make a virtualenv: install its venv module (Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 1; }
 	$(BIN)/pip install --quiet --upgrade pip
 
 # Each stamp reinstalls only when pyproject.toml changes.
@@ -78,15 +88,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # onnxruntime beside it, and `pip check` is clean. tests/test_cann_ep.py runs the CANN execution
 # provider in it against stub CANN libraries it compiles (hence the C and C++ compilers).
 $(CANN_STAMP): pyproject.toml | $(BIN)/python
+	@test -n "$(CANN_PYTHON)" || { echo "the 'ascend' extra (onnxruntime-cann 1.22.1) needs Python $(CANN_PYTHON_VERSIONS)," \
+	  "and none of $(PYTHON), python3.11, python3.10 on PATH is one. Install one or name it: make CANN_PYTHON=/path/to/python3.11" >&2; exit 1; }
 	command -v g++ >/dev/null || apt-get install -y -qq g++ || { apt-get update -qq && apt-get install -y -qq g++; }
-	test -x $(CANN_VENV)/bin/python || $(PYTHON) -m venv $(CANN_VENV)
+	test -x $(CANN_VENV)/bin/python || $(CANN_PYTHON) -m venv $(CANN_VENV)
 	$(CANN_VENV)/bin/pip install --quiet --upgrade pip
 	$(CANN_VENV)/bin/pip install --quiet -e '.[ascend]'
 	$(CANN_VENV)/bin/pip check
 	touch $@
 
 # Once: pip downloads the wheel, the binary is extracted and linked to the libb64 and libcudart that
-# nvidia-pytriton (a test dependency) ships. The target is the binary itself.
+# nvidia-pytriton (a test dependency) ships. The target is the binary itself; the recipe also writes
+# $(BIN)/perf_analyzer, which runs it by name with those libraries (no LD_LIBRARY_PATH to set).
 $(PERF_ANALYZER): $(STAMP) tools/perf_analyzer.py
 	$(BIN)/python tools/perf_analyzer.py
 	touch $@

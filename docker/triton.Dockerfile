@@ -11,7 +11,8 @@ FROM ${KSERVE_ASCEND_IMAGE}
 # The base image runs as HwHiAiUser: installing takes root, then the same user again.
 USER root
 # The stub links libpython3.11.so, which the CANN image keeps outside the linker's path.
-# pytriton beside the `ascend` extra keeps `pip check` clean (its tritonclient is the core's).
+# pytriton goes into kserve-ascend's environment (the `pip` first on PATH), beside the `ascend`
+# extra: `pip check` stays clean (its tritonclient is the core's).
 RUN pip install --no-cache-dir "nvidia-pytriton==0.7.0" \
  && pip check \
  && python -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))" > /etc/ld.so.conf.d/python.conf \

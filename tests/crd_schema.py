@@ -86,11 +86,21 @@ _Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"x-k
 
 
 @cache
-def _registry() -> Registry:
+def _definitions_document() -> dict:
     schemas = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
     (directory,) = [d for d in schemas.iterdir() if d.name == f"v{KUBERNETES_VERSION}.0-local-strict"]
-    definitions = json.loads((directory / "_definitions.json").read_text())
-    return Registry().with_resource(_DEFINITIONS, Resource.from_contents(definitions))
+    return json.loads((directory / "_definitions.json").read_text())
+
+
+def kubernetes_definition(name: str) -> dict:
+    """The JSON Schema of one of Kubernetes' API types (kubernetes-validate's), by its OpenAPI name
+    (`io.k8s.api.core.v1.PodSpec`) or a `$ref` to it: which fields are structs, maps, lists or scalars."""
+    return _definitions_document()["$defs"][name.rpartition("/")[2]]
+
+
+@cache
+def _registry() -> Registry:
+    return Registry().with_resource(_DEFINITIONS, Resource.from_contents(_definitions_document()))
 
 
 @cache

@@ -395,6 +395,10 @@ def test_specs_and_info(dynamic_om):
         (["Conv_9:0"], [], ["Conv_9:0"]),
         (["a:0:boxes", "Sigmoid_3:0"], ["boxes", "scores"], ["boxes", "Sigmoid_3:0"]),  # left to the config check
         (["Conv_9:0"], ["boxes", "scores"], ["Conv_9:0"]),  # counts differ: no pairing in order
+        (["output_0_Conv_9_0", "output_1_Sigmoid_3_0"], ["boxes", "scores"], ["boxes", "scores"]),  # Graph API
+        (["output_1_Sigmoid_3_0", "output_0_Conv_9_0"], ["boxes", "scores"], ["scores", "boxes"]),  # by its index
+        (["output_1_Sigmoid_3_0", "Conv_9:0"], ["boxes", "scores"], ["boxes", "scores"]),  # not all: in order
+        (["output_0_Conv_9_0"], [], ["output_0_Conv_9_0"]),
     ],
 )
 def test_served_output_names(file_names, config_names, served):
@@ -706,6 +710,43 @@ def test_default_execution_timeout_and_an_invalid_one(static_om):
     with pytest.raises(ModelLoadError, match="execution_timeout_ms"):
         load(static_om, config=model_config(execution_timeout_ms="soon"))
     assert calls_since(mark) == []
+
+
+def test_an_execution_timeout_beyond_a_c_int_waits_as_long_as_pyacl_can(static_om):
+    """pyACL parses the timeout with "i" (rt/rt_synchronize.cpp): 3e9 ms would be its TypeError."""
+    runtime = load(static_om, config=model_config(execution_timeout_ms="3000000000"))
+    sent = {"x": np.ones((4, 3), np.float32)}
+    np.testing.assert_array_equal(runtime.run(sent, [])["x_out"], sent["x"])
+    assert fake.fake_calls()[-1].args[1] == 2**31 - 1
+    runtime.close()
+
+
+def test_without_ptr_to_numpy_the_pinned_buffers_are_viewed_through_ctypes(dynamic_om, monkeypatch):
+    """pyACL documents ptr_to_numpy as "will be deprecated"; a pyACL without it still stages in
+    place, in the same pinned memory."""
+    monkeypatch.delattr(fake.util, "ptr_to_numpy")
+    runtime = load(dynamic_om)
+    pinned = set(fake.fake_host_memory())
+    for rows in GEARS:
+        sent = batch(rows)
+        got = runtime.run(sent, [])
+        np.testing.assert_array_equal(got["x_out"], sent["x"])
+        np.testing.assert_array_equal(got["ids_out"], sent["ids"])
+    assert "acl.util.ptr_to_numpy" not in fake.fake_call_names()
+    copies = [c.args for c in fake.fake_calls() if c.name == "acl.rt.memcpy_async"]
+    assert {dst if kind == fake.ACL_MEMCPY_DEVICE_TO_HOST else src for dst, _, src, _, kind, _ in copies} == pinned
+    runtime.close()
+    assert fake.fake_leaks() == {}
+
+
+def test_outputs_outlive_the_pinned_memory_they_were_staged_in(dynamic_om):
+    """Closing frees the pinned buffers (the fake poisons them); what run returned are copies."""
+    runtime = load(dynamic_om)
+    sent = batch(2)
+    got = runtime.run(sent, [])
+    runtime.close()
+    np.testing.assert_array_equal(got["x_out"], sent["x"])
+    np.testing.assert_array_equal(got["ids_out"], sent["ids"])
 
 
 def test_a_pyacl_without_the_timeout_synchronizes_without_one(static_om, monkeypatch):

@@ -88,6 +88,40 @@ def onnx_server(tmp_path_factory):
     stop_server(server)
 
 
+#: Names too long for aclmdlIODims.name (char[128]): aclmdlGetInputDims/OutputDims rename them.
+LONG_INPUT, LONG_OUTPUT = "images_" + "i" * 130, "detections_" + "o" * 130
+
+
+@pytest.fixture(scope="module")
+def variant_server(tmp_path_factory):
+    """A pyACL without acl.util.ptr_to_numpy (documented as "will be deprecated"), serving an `.om`
+    built with the Ascend Graph API whose outputs are not in the network's order, and one whose
+    tensor names are longer than 127 characters."""
+    repository = tmp_path_factory.mktemp("variant_repo")
+    graph = write_model(repository, "graph", IDENTITY_CONFIG.replace('name: "identity"', 'name: "graph"'))
+    fake_acl.fake_write_om(
+        graph / "model.om",
+        [("INPUT1", fake_acl.ACL_INT32, [-1, 3]), ("INPUT0", fake_acl.ACL_FLOAT, [-1, 4])],
+        outputs=[("OUTPUT1", fake_acl.ACL_INT32, [-1, 3]), ("OUTPUT0", fake_acl.ACL_FLOAT, [-1, 4])],
+        dynamic_batch=[1, 2, 4, 8],
+        graph_names=[1, 0],  # served as output_1_node_1_0, output_0_node_0_0
+    )
+    long = write_model(
+        repository, "long",
+        f'name: "long"\nbackend: "ascend"\nmax_batch_size: 4\n'
+        f'input [ {{ name: "{LONG_INPUT}" data_type: TYPE_FP32 dims: [ 2 ] }} ]\n'
+        f'output [ {{ name: "{LONG_OUTPUT}" data_type: TYPE_FP32 dims: [ 2 ] }} ]\n',
+    )
+    fake_acl.fake_write_om(
+        long / "model.om", [(LONG_INPUT, fake_acl.ACL_FLOAT, [-1, 2])],
+        outputs=[(LONG_OUTPUT, fake_acl.ACL_FLOAT, [-1, 2])], dynamic_batch=[1, 2, 4], atc_names=True,
+    )
+    env = {**ENV, "FAKE_ACL_WITHOUT": "acl.util.ptr_to_numpy"}
+    server = start_server(repository, repository.parent / "variant.log", env=env)
+    yield server
+    stop_server(server)
+
+
 def metadata(server, model: str) -> dict:
     with grpcclient.InferenceServerClient(server.grpc) as client:
         return client.get_model_metadata(model, as_json=True)
@@ -146,3 +180,24 @@ def test_om_model_round_trips_concurrent_mixed_batches_through_the_gears(om_serv
         results = list(pool.map(call, [1, 3, 2, 1, 5, 1, 2, 3]))
     for sent, received in results:
         np.testing.assert_array_equal(received, sent)
+
+
+# A pyACL without ptr_to_numpy: the runtime stages through ctypes views of its pinned buffers.
+
+
+def test_graph_api_outputs_are_served_by_the_network_index_in_their_names(variant_server):
+    assert [o["name"] for o in metadata(variant_server, "graph")["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+    rng = np.random.default_rng(3)
+    for rows in (1, 3, 8):
+        sent = {"INPUT0": rng.random((rows, 4), dtype=np.float32), "INPUT1": rng.integers(-9, 9, (rows, 3), dtype=np.int32)}
+        got = infer(variant_server, "graph", sent)
+        np.testing.assert_array_equal(got["OUTPUT0"], sent["INPUT0"])
+        np.testing.assert_array_equal(got["OUTPUT1"], sent["INPUT1"])
+
+
+def test_tensor_names_over_127_characters_are_served_whole(variant_server):
+    described = metadata(variant_server, "long")
+    assert [t["name"] for t in described["inputs"]] == [LONG_INPUT]
+    assert [t["name"] for t in described["outputs"]] == [LONG_OUTPUT]
+    sent = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_array_equal(infer(variant_server, "long", {LONG_INPUT: sent})[LONG_OUTPUT], sent)

@@ -8,7 +8,8 @@ a session lands on it; without them it cannot load, as on a host without CANN. T
 (tests/fake_acl) can run on the stub's ACL too, so an `.om` and the provider share one ACL in a
 process, with its once-per-process rule, as they do on a real host. What stubs cannot
 show: a model executing on the provider (it compiles the graph through CANN's graph engine on the
-first run and reads results the stubs never compute); the host check's test shows that failing loudly.
+first run, saves it as an .om file, which the stub writes as CANN does, and reads results the stubs
+never compute); the host check's test shows that failing loudly, past the save.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import logging
 import os
 import re
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,9 +33,11 @@ import yaml
 from onnx import TensorProto, helper
 
 from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, free_port, load_fake_acl, stop_server, wait_until
+from kserve_ascend.core.execution import compile_cache, npu_access
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.execution.runtimes import onnx as onnx_runtime
 from kserve_ascend.core.execution.runtimes.tiny_onnx import relu_model
+from unprivileged import UID, Workspace, as_user
 
 CANN_VENV = ROOT / ".venv" / "cann"
 CANN_PYTHON = CANN_VENV / "bin" / "python"
@@ -64,10 +69,24 @@ def stubs(tmp_path_factory) -> Path:
     return out
 
 
+#: The compile cache of the processes these tests start (`cache_dir`), not the user's ~/.cache.
+CACHE: Path | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory) -> Path:
+    global CACHE
+    CACHE = tmp_path_factory.mktemp("compile_cache")
+    return CACHE
+
+
 def environment(stubs: Path | None = None, **extra: str) -> dict[str, str]:
     """This environment without any CANN of its own; the stub libraries first when given."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH" and not k.startswith(("ASCEND_", "STUB_ACL_"))}
+    ours = ("ASCEND_", "STUB_ACL_", compile_cache.ENV, npu_access.TEST_ROOT_ENV)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH" and not k.startswith(ours)}
     env["PYTHONPATH"] = str(ROOT)
+    if CACHE:
+        env[compile_cache.ENV] = str(CACHE)
     if stubs:
         env["LD_LIBRARY_PATH"] = str(stubs)
     return {**env, **extra}
@@ -118,7 +137,7 @@ def test_stubs_export_every_cann_symbol_the_provider_links(cann_python, stubs):
 
 def test_images_install_the_ascend_extra_on_the_paired_cann_and_expose_the_manifests_ports():
     kserve = (ROOT / "docker" / "kserve.Dockerfile").read_text()
-    assert "RUN pip install --no-cache-dir '.[ascend]' && pip check" in kserve
+    assert "pip install --no-cache-dir '.[ascend]'" in kserve  # into which environment: test_image_python.py
     assert 'ascend = ["onnxruntime-cann==1.22.1"]' in (ROOT / "pyproject.toml").read_text()
     cann = re.search(r"^ARG CANN_IMAGE=quay.io/ascend/cann:(\d+\.\d+)\.", kserve, re.M).group(1)
     assert cann == "8.2"  # onnxruntime's CANN EP documentation: v1.22.1 with CANN 8.2
@@ -412,9 +431,11 @@ def test_host_check_fails_cleanly_at_the_first_check_here(cann_python):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("FAIL 1. CANN toolkit environment:") and "no ASCEND_HOME_PATH" in lines[0]
     assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in lines[1]
-    assert [line.split(":")[0] for line in lines[2:]] == [
-        "SKIP 2. pyACL", "SKIP 3. NPU device", "SKIP 4. ONNX Runtime CANN execution provider", "SKIP 5. a model served through kserve-ascend",
-    ]
+    sys.path.insert(0, str(CHECK_HOST.parent))
+    import check_ascend_host as check
+
+    assert [name for name, _ in check.CHECKS[:3]] == ["CANN toolkit environment", "NPU device access", "pyACL"]
+    assert lines[2:] == [f"SKIP {number}. {name}: needs check 1" for number, (name, _) in enumerate(check.CHECKS[1:], 2)]
 
 
 def test_the_hand_written_relu_model_is_valid_onnx():
@@ -431,15 +452,58 @@ def test_the_hand_written_relu_model_is_valid_onnx():
     assert session.run(None, {"x": np.array([check.INPUT], np.float32)})[0].tolist() == [check.EXPECTED]
 
 
-def test_host_check_of_the_provider_and_the_server_on_stubs(cann_python, stubs, tmp_path):
-    """Checks 4 and 5 against the real provider on stub CANN: the model lands on CANN, and both
-    checks fail with ORT's reason where the stubs stop (they compute nothing)."""
+# ---- as the images run: uid 1000 in a root-owned working directory ---------------------------
+
+
+@pytest.fixture
+def workspace():
+    made = Workspace()
+    yield made
+    made.remove()
+
+
+def user_stubs(stubs: Path, workspace: Workspace) -> Path:
+    """The stub libraries where the user can load them."""
+    copy = workspace.directory("stubs", owner=None)
+    for library in stubs.glob("*.so"):
+        shutil.copy(library, copy)
+    return copy
+
+
+def test_the_provider_saves_what_it_compiles_in_the_compile_cache_from_a_read_only_directory(cann_python, stubs, workspace):
+    """The CANN execution provider saves each compiled subgraph under a relative name (CANN's
+    aclgrphSaveModel, written by the stub as CANN's FileSaver writes it) and fails the run when it
+    cannot. Run as uid 1000 in a root-owned directory, with the default cache under its HOME (as in the
+    images): the .om lands in the cache, the run gets past the save to where the stubs stop."""
+    home, workdir = workspace.directory("home"), workspace.directory("opt", owner=None)
+    env = {**environment(user_stubs(stubs, workspace), HOME=str(home)), "PYTHONPATH": str(ROOT)}
+    env.pop(compile_cache.ENV)  # the default, under HOME, as in the images
+    model = workspace.directory("models", owner=None) / "relu.onnx"
+    model.write_bytes(relu_model())
+    done = subprocess.run(as_user([str(workspace.python(CANN_VENV)), str(STUBS / "probe.py"), "run", str(model)]),
+                          capture_output=True, text=True, env=env, cwd=workdir, timeout=120)
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert "aclgrphSaveModel" not in done.stderr + result.get("run_error", "")
+    assert "Unsupported OrtValue type" in result["run_error"]  # ORT's words where the stubs compute nothing
+    cache = home / ".cache" / "kserve-ascend" / "onnxruntime-1.22.1-cann-unknown"
+    assert result["cwd"] == str(cache)
+    (saved,) = cache.glob("*.om")
+    assert saved.name.startswith("CANNExecutionProvider_relu_") and saved.stat().st_uid == UID
+    assert saved.read_bytes().startswith(b"STUB OM") and stat.S_IMODE(saved.stat().st_mode) == 0o600  # FileSaver's mode
+    assert list(workdir.iterdir()) == []
+
+
+def test_host_check_of_the_provider_and_the_server_as_the_images_user(cann_python, stubs, workspace):
+    """Checks 5 and 6 against the real provider on stub CANN, as `docker run ... tools/check_ascend_host.py`
+    runs them: uid 1000 in the image's root-owned working directory. The model lands on CANN, its
+    compiled subgraph in the compile cache, and both checks fail with ORT's reason where the stubs stop."""
+    home, workdir, temporary = workspace.directory("home"), workspace.directory("opt", owner=None), workspace.directory("tmp")
     script = (
-        "import argparse, sys\n"
+        "import argparse, sys, tempfile\n"
         "from pathlib import Path\n"
         f"sys.path.insert(0, {str(CHECK_HOST.parent)!r})\n"
         "import check_ascend_host as check\n"
-        f"work = Path({str(tmp_path)!r}); (work / 'check.onnx').write_bytes(check.relu_model())\n"
+        "work = Path(tempfile.mkdtemp()); (work / 'check.onnx').write_bytes(check.relu_model())\n"
         "args = argparse.Namespace(device=0, workdir=work, timeout=60)\n"
         "for step in (check.cann_provider, check.serve_once):\n"
         "    try:\n"
@@ -447,8 +511,65 @@ def test_host_check_of_the_provider_and_the_server_on_stubs(cann_python, stubs, 
         "    except check.Failed as failure:\n"
         "        print('FAIL', failure)\n"
     )
-    done = subprocess.run([str(cann_python), "-c", script], capture_output=True, text=True, env=environment(stubs),
-                          cwd=tmp_path, timeout=120)
+    env = environment(user_stubs(stubs, workspace), HOME=str(home), TMPDIR=str(temporary))
+    env.pop(compile_cache.ENV)  # the default, under HOME, as in the images
+    done = subprocess.run(as_user([str(workspace.python(CANN_VENV)), "-c", script]), capture_output=True, text=True,
+                          env=env, cwd=workdir, timeout=120)
     provider, served = done.stdout.splitlines()
     assert provider.startswith("FAIL the model loaded on CANNExecutionProvider but running it failed: [ONNXRuntimeError]")
+    assert "Unsupported OrtValue type" in provider and "aclgrphSaveModel" not in provider
     assert served.startswith("FAIL") and "Unsupported OrtValue type" in served  # ORT's words, from the server
+    saved = list((home / ".cache" / "kserve-ascend").glob("*/CANNExecutionProvider_relu_*.om"))
+    assert len(saved) == 2 and all(om.stat().st_uid == UID for om in saved)  # the session's and the server's
+    assert list(workdir.iterdir()) == []
+
+
+def test_the_compile_cache_serves_the_next_process_and_forgets_a_changed_model(cann_python, stubs, tmp_path):
+    """The provider loads `<subgraph>_<shape hash>.om` from the working directory instead of compiling;
+    the name hashes the model's path, not its content, so a model replaced at the same path must
+    compile again, not load what its predecessor compiled."""
+    model = tmp_path / "model.onnx"
+    env = environment(stubs, STUB_ACL_TRACE="1", **{compile_cache.ENV: str(tmp_path / "cache")})
+
+    def run() -> str:
+        result, stderr = probe(cann_python, "run", str(model), env=env)
+        assert "Unsupported OrtValue type" in result["run_error"]
+        return stderr
+
+    model.write_bytes(relu_model())
+    first = run()
+    assert "stub-ge: aclgrphBuildModel" in first and "stub-ge: aclgrphSaveModel" in first
+    again = run()  # a restart: the compiled model is loaded from the cache
+    assert "stub-acl: aclmdlLoadFromFile" in again and "stub-ge: aclgrphBuildModel" not in again
+    changed = onnx.load_from_string(relu_model())
+    changed.graph.node[0].op_type = "Abs"  # same graph, tensor names and shapes: the same .om name
+    onnx.save(changed, model)
+    replaced = run()
+    assert "stub-ge: aclgrphBuildModel" in replaced and "stub-acl: aclmdlLoadFromFile" not in replaced
+    assert f"{model} changed since models were compiled from it" in replaced and "1 compiled model(s) removed" in replaced
+    assert "stub-acl: aclmdlLoadFromFile" in run()  # the new one is kept
+
+
+def test_a_compile_cache_that_cannot_be_made_fails_the_cann_load_naming_it(cann_python, stubs, tmp_path):
+    (tmp_path / "file").write_text("")
+    env = environment(stubs, **{compile_cache.ENV: str(tmp_path / "file" / "cache")})
+    (cann, auto), _ = load(cann_python, {"execution_provider": "cann"}, {}, env=env)
+    assert f"the compile cache {tmp_path}/file/cache/onnxruntime-1.22.1-cann-unknown cannot be made (Not a directory)" in cann["error"]
+    assert f"Set {compile_cache.ENV} to a writable directory" in cann["error"]
+    assert auto["info"]["degraded"] == "true" and "cannot be made" in auto["info"]["degraded_reason"]
+
+
+def test_a_user_without_a_home_is_told_to_name_the_compile_cache(workspace):
+    """Kubernetes may run an image as a uid its /etc/passwd lacks, with no HOME."""
+    script = (
+        "from pathlib import Path\n"
+        "from kserve_ascend.core.execution import compile_cache\n"
+        "try:\n"
+        "    compile_cache.enter(Path('model.onnx'), 'onnxruntime-1.22.1')\n"
+        "except compile_cache.Unwritable as error:\n"
+        "    print(error)\n"
+    )
+    env = {k: v for k, v in environment().items() if k not in ("HOME", "XDG_CACHE_HOME", compile_cache.ENV)}
+    done = subprocess.run(as_user([str(workspace.python(ROOT / ".venv")), "-c", script], uid=4321, gid=4321),
+                          capture_output=True, text=True, env=env, cwd=workspace.path, check=True)
+    assert done.stdout == f"uid 4321 has no home directory for the compile cache: set {compile_cache.ENV} to a writable directory\n"

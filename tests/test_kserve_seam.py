@@ -73,6 +73,7 @@ def test_the_rest_server_serves_the_app_in_front_of_kserves_until_stopped():
         serving = asyncio.create_task(rest.serve())
         while not rest.started:
             await asyncio.sleep(0.05)
+        assert [sock.getsockname()[1] for sock in rest.listening_sockets()] == [port]
         ours = await asyncio.to_thread(requests.get, f"http://127.0.0.1:{port}/ours", timeout=10)
         kserves = await asyncio.to_thread(requests.get, f"http://127.0.0.1:{port}/v1/models", timeout=10)
         rest.stop(grace=1)

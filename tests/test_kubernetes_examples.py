@@ -3,18 +3,23 @@ KEDA), Istio policies, the MindIE-style Deployment (and its vNPU overlay), Seldo
 
 Every object is validated against its project's CRD or Kubernetes' schema by
 test_manifests.py (all of manifests/); here, what the schemas cannot see: what KServe and Knative
-make of the examples (as their sources cited below do it), the servers started with the examples'
-own args and asked what the probes and clients ask, the autoscaling queries run by the real
-Prometheus (promtool) on series shaped as the scrape job stores this server's metrics.
+make of the examples (as their sources cited below do it: each supported KServe release's
+deployment-mode rules, Knative's field mask against the features docs/kubernetes.md names), the
+servers started with the examples' own args and asked what the probes and clients ask, the
+autoscaling queries run by the real Prometheus (promtool) on series shaped as the scrape job
+stores this server's metrics.
 """
 
 from __future__ import annotations
 
 import copy
+import fnmatch
 import os
 import re
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import crd_schema
@@ -40,7 +45,9 @@ from conftest import (
 from google.protobuf import text_format
 from kubernetes.utils.quantity import parse_quantity
 from test_manifests import (  # noqa: F401  (runtime_ports, kubectl: fixtures)
+    KNATIVE_MODES,
     MANIFESTS,
+    NAMESPACED_RUNTIME,
     RUNTIME,
     TRITON,
     documents,
@@ -66,6 +73,7 @@ MINDIE = MANIFESTS / "mindie"
 SELDON = MANIFESTS / "seldon"
 SCRAPE_CONFIG = MANIFESTS / "monitoring" / "prometheus-scrape-config.yaml"
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+DOCS = ROOT / "docs" / "kubernetes.md"
 
 INFERENCE_SERVICES = sorted(
     path for path in MANIFESTS.rglob("*.yaml") if any(doc.get("kind") == "InferenceService" for doc in documents(path) if isinstance(doc, dict))
@@ -162,24 +170,173 @@ def test_every_inference_service_is_served_by_the_runtime_in_a_pinned_mode(path)
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
-    # KServe 0.16+ defaults to Standard (raw) where 0.15 defaulted to Serverless: each example says which.
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] in ("Serverless", "RawDeployment")
+    # KServe 0.16+ defaults to Standard where 0.15 defaulted to Serverless: each example says which,
+    # by KServe 0.16+'s names (test_kserve_takes_every_inference_service_in_the_mode_it_names).
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] in ("Knative", "Standard")
     assert model["storageUri"].endswith("/")  # a prefix: v1/ and not v10/
+
+
+# --- The deployment-mode names of each KServe release --------------------------------------
+
+#: KServe 0.16 renamed the modes and kept the old names as deprecated (kserve pkg/constants/constants.go,
+#: LegacyServerless and LegacyRawDeployment).
+LEGACY_NAMES = {"Serverless": "Knative", "RawDeployment": "Standard"}
+#: The mode each name means.
+MODE_OF = {"Knative": "knative", "Serverless": "knative", "Standard": "raw", "RawDeployment": "raw"}
+
+
+@dataclass(frozen=True)
+class KServe:
+    """What a KServe release's webhooks and controller make of serving.kserve.io/deploymentMode
+    (kserve pkg/apis/serving/v1beta1/inference_service_defaults.go, DefaultInferenceService;
+    inference_service_validation.go, validateDeploymentMode and validateAutoScalingCompExtension;
+    pkg/controller/v1beta1/inferenceservice/utils/utils.go, GetDeploymentMode)."""
+
+    releases: str
+    names: dict[str, str]  # mode -> the name its code compares annotations with
+    rewrites_legacy: bool  # the defaulting webhook rewrites the old names to the new (0.17+)
+    parses_status: bool  # validateDeploymentMode reads a recorded old name as the new (0.19+)
+    component: str | None  # what docs/kubernetes.md has its users apply the manifests through
+
+    def read(self, name: str | None) -> str | None:
+        """A name as GetDeploymentMode reads it: 0.16+ maps the old names to the new."""
+        return LEGACY_NAMES.get(name, name) if self.names["knative"] == "Knative" else name
+
+    def defaulted(self, isvc: dict, default: str) -> dict:
+        """The object after the defaulting webhook (on create and on update), in a cluster whose
+        deploy.defaultDeploymentMode is `default`."""
+        annotations = dict(isvc["metadata"].get("annotations", {}))
+        name = annotations.get(DEPLOYMENT_MODE)
+        if name is not None and self.rewrites_legacy:
+            annotations[DEPLOYMENT_MODE] = LEGACY_NAMES.get(name, name)
+        if name is None and default == "raw":
+            annotations[DEPLOYMENT_MODE] = self.names["raw"]
+        return {**isvc, "metadata": {**isvc["metadata"], "annotations": annotations}}
+
+    def refusal(self, isvc: dict, recorded: str | None = None) -> str | None:
+        """Why the validating webhook refuses the (defaulted) object, on update of one whose status
+        records `recorded`; None if it takes it."""
+        name = isvc["metadata"]["annotations"].get(DEPLOYMENT_MODE)
+        if recorded is not None:
+            status = self.read(recorded) if self.parses_status else recorded
+            if name is not None and name != status:
+                return f"update rejected: deploymentMode cannot be changed from '{status}' to '{name}'"
+        # Anything but the raw mode's exact name is validated as Knative's KPA.
+        if name != self.names["raw"] and "deploymentStrategy" in isvc["spec"]["predictor"]:
+            return "customizing deploymentStrategy is only supported for raw deployment mode"
+        return None
+
+    def recorded(self, isvc: dict, default: str) -> str:
+        """The mode the controller runs a new service in and records in status.deploymentMode: the
+        annotation's if it knows the name, else the cluster's default."""
+        name = self.read(isvc["metadata"]["annotations"].get(DEPLOYMENT_MODE))
+        return name if name in self.names.values() else self.names[default]
+
+
+NEW_NAMES = {"knative": "Knative", "raw": "Standard"}
+KSERVE_RELEASES = [
+    KServe("0.15.2", {"knative": "Serverless", "raw": "RawDeployment"}, False, False, "kserve-0.15"),
+    KServe("0.16.0", NEW_NAMES, False, False, None),  # kserve/kserve#4798: old names refused on update
+    KServe("0.17.0-0.18.1", NEW_NAMES, True, False, None),
+    KServe("0.19.0-0.20.0", NEW_NAMES, True, True, None),
+]
+
+
+def applied(kubectl: str, path: Path, kserve: KServe, workdir: Path) -> list[dict]:
+    """The InferenceServices of `path` as docs/kubernetes.md has them applied to `kserve`: as they are,
+    or through a kustomization of the user's that lists them (a copy of the file, or the directory
+    that holds them) and the release's component."""
+    if kserve.component is None:
+        return [doc for doc in documents(path) if doc["kind"] == "InferenceService"]
+    if (path.parent / "kustomization.yaml").exists():
+        resources = [os.path.relpath(path.parent, workdir)]
+    else:
+        shutil.copy(path, workdir)
+        resources = [path.name]
+    component = os.path.relpath(MANIFESTS / "components" / kserve.component, workdir)
+    (workdir / "kustomization.yaml").write_text(yaml.safe_dump({"resources": resources, "components": [component]}))
+    return [obj for obj in kustomize(kubectl, workdir) if obj["kind"] == "InferenceService"]
+
+
+@pytest.mark.parametrize("kserve", KSERVE_RELEASES, ids=lambda kserve: kserve.releases)
+@pytest.mark.parametrize("path", INFERENCE_SERVICES, ids=relative)
+def test_kserve_takes_every_inference_service_and_its_updates_in_the_mode_it_names(kubectl, tmp_path, path, kserve):
+    meant = {doc["metadata"]["name"]: MODE_OF[doc["metadata"]["annotations"][DEPLOYMENT_MODE]]
+             for doc in documents(path) if doc["kind"] == "InferenceService"}
+    for isvc in applied(kubectl, path, kserve, tmp_path):
+        name = isvc["metadata"]["name"]
+        for default in ("knative", "raw"):  # the cluster's deploy.defaultDeploymentMode
+            created = kserve.defaulted(isvc, default)
+            assert kserve.refusal(created) is None, kserve.refusal(created)
+            recorded = kserve.recorded(created, default)
+            assert recorded == kserve.names[meant[name]], f"{name} runs in {recorded}"
+            # Applied again, or changed (a canary's new storageUri): every update passes the same checks.
+            updated = kserve.defaulted(isvc, default)
+            assert kserve.refusal(updated, recorded) is None, kserve.refusal(updated, recorded)
+
+
+def test_the_support_matrix_says_how_to_apply_the_manifests_to_each_release():
+    rows = {cells[1].strip(): cells[3].strip() for cells in (line.split("|") for line in DOCS.read_text().splitlines())
+            if len(cells) > 3 and re.fullmatch(r" 0\.\d+\.\d+( to 0\.\d+\.\d+)? ", cells[1])}
+    assert [release.replace(" to ", "-") for release in rows] == [kserve.releases for kserve in KSERVE_RELEASES]
+    for kserve, how in zip(KSERVE_RELEASES, rows.values()):
+        assert how == (f"through `manifests/components/{kserve.component}`" if kserve.component else "as they are")
+
+
+def test_the_release_rules_refuse_what_kserve_refuses():
+    isvc = the(GRPC_RAW, "InferenceService")
+    old_names = {**isvc, "metadata": {**isvc["metadata"], "annotations": {DEPLOYMENT_MODE: "RawDeployment"}}}
+    kserve_0_15, kserve_0_16, kserve_0_17, _ = KSERVE_RELEASES
+    # kserve/kserve#4798: 0.16.0 records the new name and compares it with the old one.
+    without_strategy = copy.deepcopy(old_names)
+    del without_strategy["spec"]["predictor"]["deploymentStrategy"]
+    recorded = kserve_0_16.recorded(kserve_0_16.defaulted(without_strategy, "knative"), "knative")
+    assert recorded == "Standard"
+    assert "cannot be changed from 'Standard' to 'RawDeployment'" in kserve_0_16.refusal(kserve_0_16.defaulted(without_strategy, "knative"), recorded)
+    # ... and validates a deploymentStrategy beside the old name as Knative's.
+    assert "deploymentStrategy" in kserve_0_16.refusal(kserve_0_16.defaulted(old_names, "knative"))
+    assert kserve_0_17.refusal(kserve_0_17.defaulted(old_names, "knative")) is None  # rewritten first
+    # 0.15 does not know the new names: the cluster's default mode, and the strategy refused.
+    assert kserve_0_15.recorded(kserve_0_15.defaulted(isvc, "knative"), "knative") == "Serverless"
+    assert "deploymentStrategy" in kserve_0_15.refusal(kserve_0_15.defaulted(isvc, "knative"))
 
 
 # --- gRPC through an InferenceService ------------------------------------------------------
 
 
-def merged_container(isvc: dict) -> dict:
+POD_SPEC, CONTAINER = "io.k8s.api.core.v1.PodSpec", "io.k8s.api.core.v1.Container"
+
+
+def strategic_merge(dst, src, schema: dict):
+    """Kubernetes' strategic merge of `src` onto `dst`, values of the API type `schema` names
+    (k8s.io/apimachinery pkg/util/strategicpatch): structs and maps key by key, lists whose
+    patch strategy is merge item by item on their patch merge key, anything else replaced."""
+    name = schema.get("$ref", "").rpartition("/")[2]
+    definition = crd_schema.kubernetes_definition(name) if name else schema
+    if isinstance(dst, dict) and isinstance(src, dict) and ("properties" in definition or "additionalProperties" in definition):
+        fields = definition.get("properties", {})
+        return {**dst, **{key: strategic_merge(dst[key], value, fields.get(key) or definition.get("additionalProperties", {}))
+                          if key in dst else value for key, value in src.items()}}
+    key = definition.get("x-kubernetes-patch-merge-key")
+    if isinstance(dst, list) and isinstance(src, list) and key and "merge" in definition.get("x-kubernetes-patch-strategy", ""):
+        items = {item[key]: item for item in dst}
+        for item in src:
+            items[item[key]] = strategic_merge(items[item[key]], item, definition["items"]) if item[key] in items else item
+        return list(items.values())
+    return src
+
+
+def merged_container(isvc: dict, runtime: dict | None = None) -> dict:
     """The predictor container KServe builds: the runtime's, with the service's model fields merged
-    in by Kubernetes' strategic merge (ports keyed by containerPort)
+    in by Kubernetes' strategic merge (ports keyed by containerPort), the args appended
     (kserve pkg/controller/v1beta1/inferenceservice/utils/utils.go, MergeRuntimeContainers)."""
-    container = copy.deepcopy(runtime_container())
-    ports = {port["containerPort"]: port for port in container.get("ports", [])}
-    for port in isvc["spec"]["predictor"]["model"].get("ports", []):
-        ports[port["containerPort"]] = {**ports.get(port["containerPort"], {}), **port}
-    container["ports"] = list(ports.values())
-    return container
+    (container,) = (runtime or the(RUNTIME, "ClusterServingRuntime"))["spec"]["containers"]
+    fields = crd_schema.kubernetes_definition(CONTAINER)["properties"]
+    model = {key: value for key, value in isvc["spec"]["predictor"]["model"].items() if key in fields}
+    merged = strategic_merge(copy.deepcopy(container), model, {"$ref": CONTAINER})
+    if "args" in model:
+        merged["args"] = container.get("args", []) + model["args"]
+    return merged
 
 
 def knative_probes(container: dict) -> tuple[dict, dict, int]:
@@ -196,7 +353,7 @@ def knative_probes(container: dict) -> tuple[dict, dict, int]:
 
 def test_the_knative_grpc_service_declares_the_servers_grpc_port_as_h2c():
     isvc = the(GRPC_KNATIVE, "InferenceService")
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Serverless"
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Knative"
     assert isvc["spec"]["predictor"]["model"]["protocolVersion"] == "grpc-v2"
     (port,) = merged_container(isvc)["ports"]  # Knative takes one port
     assert port["name"] == "h2c"  # how Knative knows it is HTTP/2 cleartext
@@ -219,7 +376,7 @@ def raw_service_ports(container: dict) -> list[dict]:
 
 def test_the_raw_service_exposes_rest_on_80_and_grpc_on_its_own_port():
     isvc = the(GRPC_RAW, "InferenceService")
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "RawDeployment"
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Standard"
     flags = runtime_flags()
     rest, grpc = raw_service_ports(merged_container(isvc))
     assert rest == {"name": "http", "port": 80, "targetPort": int(flags["--http_port"])}
@@ -251,6 +408,121 @@ def test_the_raw_services_ports_reach_rest_and_grpc_on_the_running_runtime(runti
         assert client.is_model_ready("yolov8n")
 
 
+# --- What Knative takes -----------------------------------------------------------------------
+
+#: Knative's field mask (tests/upstream/: its source and release).
+KNATIVE_MASK = yaml.safe_load((ROOT / "tests" / "upstream" / "knative-serving-v1.15.0-fieldmask.yaml").read_text())
+#: The runtime's pod fields KServe puts under the service's (kserve pkg/controller/v1beta1/inferenceservice/
+#: utils/utils.go, MergePodSpec).
+RUNTIME_POD_FIELDS = ("nodeSelector", "affinity", "tolerations", "volumes", "imagePullSecrets")
+KNATIVE_SERVICES = [path for path in INFERENCE_SERVICES if the(path, "InferenceService")["metadata"]["annotations"][DEPLOYMENT_MODE] in KNATIVE_MODES]
+
+def knative_pod(isvc: dict, runtime: dict) -> dict:
+    """The pod spec KServe gives the Knative Service of a Knative-mode InferenceService: the runtime's
+    pod fields with the predictor's merged over them, and one container, the runtime's with the
+    model's fields merged in (kserve pkg/controller/v1beta1/inferenceservice/components/predictor.go,
+    buildPodSpec)."""
+    fields = crd_schema.kubernetes_definition(POD_SPEC)["properties"]
+    pod = strategic_merge({key: runtime["spec"][key] for key in RUNTIME_POD_FIELDS if key in runtime["spec"]},
+                          {key: value for key, value in isvc["spec"]["predictor"].items() if key in fields},
+                          {"$ref": POD_SPEC})
+    return {**pod, "containers": [merged_container(isvc, runtime)]}
+
+
+def knative_fields(value: dict, type_name: str = POD_SPEC, path: str = "spec.template.spec") -> tuple[dict[str, str], list[str]]:
+    """({field: the config-features flag that lets it through}, [fields no flag lets through]) of a
+    value of an API type, by Knative's field mask, at every level Knative applies it. A field counts as
+    set when it is present (Knative's CheckDisallowedFields: different from its Go zero value, which
+    for the pointer fields, as privileged, includes false)."""
+    mask = KNATIVE_MASK["masks"].get(type_name)
+    if mask is None:
+        return {}, []
+    properties = crd_schema.kubernetes_definition(type_name)["properties"]
+    gated, refused = {}, []
+    for key, field in value.items():
+        where = f"{path}.{key}"
+        if key in mask.get("gated", {}):
+            gated[where] = mask["gated"][key]
+        elif key not in mask.get("allowed", []) and not (key in mask.get("false_only", []) and field is False):
+            refused.append(where)
+            continue
+        schema = properties[key]
+        inner = (schema.get("items") or schema).get("$ref", "").rpartition("/")[2]
+        for i, item in enumerate(field if "items" in schema else [field]):
+            if inner and isinstance(item, dict):
+                more_gated, more_refused = knative_fields(item, inner, f"{where}[{i}]" if "items" in schema else where)
+                gated |= more_gated
+                refused += more_refused
+    return gated, refused
+
+
+def runtimes(kubectl: str) -> dict[str, dict]:
+    """Every runtime an InferenceService may run on, by the manifest that makes it."""
+    found = {relative(RUNTIME): the(RUNTIME, "ClusterServingRuntime"), relative(NAMESPACED_RUNTIME): the(NAMESPACED_RUNTIME, "ServingRuntime")}
+    for overlay in sorted((MANIFESTS / "overlays").iterdir()):
+        (found[relative(overlay)],) = kustomize(kubectl, overlay)
+    return found
+
+
+def documented_features() -> list[tuple[list[str], set[str]]]:
+    """(manifest paths or patterns, config-features flags) of each row of docs/kubernetes.md's table
+    of the Knative features each manifest needs."""
+    lines = DOCS.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Manifest, in Knative mode |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        manifests, flags = line.strip("|").split("|")[:2]
+        rows.append((re.findall(r"`(manifests/[^`]+)`", manifests), set(re.findall(r"`(kubernetes\.[\w.-]+)`", flags))))
+    return rows
+
+
+def documented_for(manifest: str) -> set[str]:
+    return {flag for patterns, flags in documented_features() if any(fnmatch.fnmatch(manifest, p) for p in patterns) for flag in flags}
+
+
+def needed(gated: dict[str, str]) -> set[str]:
+    return set(gated.values()) - set(KNATIVE_MASK["enabled_by_default"])
+
+
+@pytest.mark.parametrize("path", KNATIVE_SERVICES, ids=relative)
+def test_knative_takes_each_service_on_each_runtime_with_the_features_the_documentation_names(kubectl, path):
+    isvc = the(path, "InferenceService")
+    for runtime_path, runtime in runtimes(kubectl).items():
+        gated, refused = knative_fields(knative_pod(isvc, runtime))
+        assert refused == [], f"{relative(path)} on {runtime_path}: Knative refuses {refused}"
+        named = documented_for(relative(path)) | documented_for(runtime_path)
+        assert needed(gated) <= named, f"{relative(path)} on {runtime_path}: {gated}; docs/kubernetes.md names {named}"
+
+
+def test_the_documentation_names_no_knative_feature_a_manifest_does_not_need(kubectl):
+    bare = {"spec": {"predictor": {"model": {}}}}  # a service of no pod fields: what a runtime needs
+    needs = {relative(path): needed(knative_fields(knative_pod(the(path, "InferenceService"), the(RUNTIME, "ClusterServingRuntime")))[0])
+             for path in KNATIVE_SERVICES}
+    needs |= {where: needed(knative_fields(knative_pod(bare, runtime))[0]) for where, runtime in runtimes(kubectl).items()}
+    for patterns, flags in documented_features():
+        matched = [manifest for manifest in needs if any(fnmatch.fnmatch(manifest, pattern) for pattern in patterns)]
+        assert matched, patterns
+        assert flags == set().union(*(needs[manifest] for manifest in matched)), (patterns, flags)
+
+
+def test_the_knative_mask_refuses_what_knative_refuses(kubectl):
+    isvc = the(MANIFESTS / "examples" / "inferenceservice-yolov8n.yaml", "InferenceService")
+    overlay = runtimes(kubectl)["manifests/overlays/ascend910b"]
+    gated, refused = knative_fields(knative_pod(isvc, overlay))
+    assert gated == {"spec.template.spec.nodeSelector": "kubernetes.podspec-nodeselector",
+                     "spec.template.spec.securityContext": "kubernetes.podspec-securitycontext"} and refused == []
+    privileged = copy.deepcopy(overlay)
+    privileged["spec"]["containers"][0]["securityContext"]["privileged"] = False  # refused up to Knative 1.16
+    hook = copy.deepcopy(isvc)
+    hook["spec"]["predictor"]["model"]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    hook["spec"]["predictor"]["terminationGracePeriodSeconds"] = 30
+    assert knative_fields(knative_pod(isvc, privileged))[1] == ["spec.template.spec.containers[0].securityContext.privileged"]
+    assert knative_fields(knative_pod(hook, overlay))[1] == ["spec.template.spec.terminationGracePeriodSeconds",
+                                                            "spec.template.spec.containers[0].lifecycle"]
+
+
 # --- Autoscaling ---------------------------------------------------------------------------
 
 
@@ -259,7 +531,7 @@ def test_the_raw_services_ports_reach_rest_and_grpc_on_the_running_runtime(runti
 def test_knative_scales_out_where_the_comments_say(path):
     isvc = the(path, "InferenceService")
     predictor, annotations = isvc["spec"]["predictor"], isvc["metadata"]["annotations"]
-    assert annotations[DEPLOYMENT_MODE] == "Serverless" and predictor["scaleMetric"] == "concurrency"
+    assert annotations[DEPLOYMENT_MODE] == "Knative" and predictor["scaleMetric"] == "concurrency"
     # Knative's target per replica: scaleTarget x utilization (default 70 %, config-autoscaler).
     utilization = int(annotations.get("autoscaling.knative.dev/target-utilization-percentage", 70))
     per_replica = predictor["scaleTarget"] * utilization / 100
@@ -276,7 +548,7 @@ def test_the_keda_service_is_one_kserve_turns_into_a_scaled_object():
     isvc = the(AUTOSCALING / "inferenceservice-keda.yaml", "InferenceService")
     annotations, predictor = isvc["metadata"]["annotations"], isvc["spec"]["predictor"]
     assert annotations["serving.kserve.io/autoscalerClass"] == "keda"
-    assert annotations[DEPLOYMENT_MODE] == "RawDeployment"  # KServe makes ScaledObjects in raw mode only
+    assert annotations[DEPLOYMENT_MODE] == "Standard"  # KServe makes ScaledObjects in raw mode only
     # KServe's webhook refuses scaleMetric with KEDA, a cpu target that is not Utilization, an External
     # metric without query or value (kserve pkg/apis/serving/v1beta1/inference_service_validation.go,
     # validateScalingKedaCompExtension).
@@ -291,7 +563,7 @@ def test_the_business_hours_scaled_object_drives_the_services_deployment(kubectl
     objects = {obj["kind"]: obj for obj in kustomize(kubectl, AUTOSCALING / "business-hours")}
     isvc, scaled = objects["InferenceService"], objects["ScaledObject"]
     assert isvc["metadata"]["annotations"]["serving.kserve.io/autoscalerClass"] == "external"
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "RawDeployment"
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Standard"
     spec = scaled["spec"]
     # KServe names the predictor's Deployment <service>-predictor (kserve pkg/constants, PredictorServiceName).
     assert spec["scaleTargetRef"]["name"] == f"{isvc['metadata']['name']}-predictor"
@@ -369,7 +641,7 @@ def test_the_mesh_policies_name_the_pods_of_a_raw_inference_service(kubectl):
     objects = {obj["kind"]: obj for obj in kustomize(kubectl, MESH)}
     isvc = the(GRPC_RAW, "InferenceService")
     name = isvc["metadata"]["name"]
-    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "RawDeployment"  # its pods sit behind <name>-predictor
+    assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "Standard"  # its pods sit behind <name>-predictor
     assert objects["DestinationRule"]["spec"]["host"] == f"{name}-predictor"
     # KServe labels every pod of a service serving.kserve.io/inferenceservice: <name> (predictor.go, buildObjectMeta).
     assert objects["EnvoyFilter"]["spec"]["workloadSelector"]["labels"] == {"serving.kserve.io/inferenceservice": name}

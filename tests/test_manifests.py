@@ -10,11 +10,13 @@
   servers started with those args (ports and paths substituted) and asked every probe path.
 - The Grafana dashboard's panels and layout. (Its queries and the scrape job run in the real
   Prometheus against the real servers: test_prometheus.py.)
-- Every container of every manifest as Pod Security `restricted` admits it, the project's images
-  run as their image's user (HwHiAiUser); the chip overlays change exactly the NPU resource, the
-  node selector and the image; a Triton rollout needs no spare NPU; every server's preStop
-  delay and shutdown timeout fit in its pod's grace period; Knative-only features pin the
-  deployment mode. (Downloads by KServe's storage initializer: test_storage.py.)
+- Every container of every manifest as Pod Security `restricted` admits it, with one handler per
+  probe and hook; the project's images run as their image's user, every pod with the host's
+  HwHiAiUser group, set in one place; the chip overlays change exactly the NPU resource, the node
+  selector (by the label scheme chosen in one place) and the image; no rollout of one-NPU pods
+  needs a spare NPU; every server's preStop delay and shutdown timeout fit in its pod's grace
+  period; Knative-only features pin the deployment mode. (Downloads by KServe's storage
+  initializer: test_storage.py.)
 - The Dockerfiles: every COPY source exists in the build context and is readable by the image's
   user, who is created before USER names it; the entrypoint is the real CLI.
 """
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import importlib.metadata
 import importlib.util
 import json
+import math
 import socket
 import os
 import posixpath
@@ -33,7 +37,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import kserve_ascend.server  # noqa: F401  (first: it makes kserve importable beside tritonclient)
@@ -62,7 +65,10 @@ TRITON = MANIFESTS / "triton"
 DASHBOARD = MANIFESTS / "monitoring" / "grafana-dashboard.json"
 SCRAPE_CONFIG = MANIFESTS / "monitoring" / "prometheus-scrape-config.yaml"  # Prometheus' format, not Kubernetes'
 OBJECT_FILES = sorted(p for p in MANIFESTS.rglob("*.yaml") if p.name != "kustomization.yaml" and p != SCRAPE_CONFIG)
-KUSTOMIZATIONS = sorted(p.parent for p in MANIFESTS.rglob("kustomization.yaml"))
+#: Directories kubectl applies (-k), and kustomize components, which they include (manifests/components).
+KUSTOMIZATIONS, COMPONENTS = (
+    sorted(p.parent for p in MANIFESTS.rglob("kustomization.yaml") if yaml.safe_load(p.read_text()).get("kind", "Kustomization") == kind)
+    for kind in ("Kustomization", "Component"))
 
 KSERVE_KINDS = {
     ("serving.kserve.io/v1beta1", "InferenceService"): kserve_models.V1beta1InferenceService,
@@ -97,7 +103,12 @@ _PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool, "obj
                "V1beta1MetricQuantity": (int, str)}
 
 
+#: Kubernetes types the kserve SDK names by their OpenAPI name but does not ship: Kubernetes' own model.
+_ALIASES = {"K8sIoApiAppsV1DeploymentStrategy": "V1DeploymentStrategy"}
+
+
 def _model_class(name: str) -> type:
+    name = _ALIASES.get(name, name)
     cls = getattr(kserve_models, name, None) or getattr(kubernetes.client.models, name, None)
     if cls is None:
         raise AssertionError(f"no model named {name} in kserve.models or kubernetes.client.models")
@@ -139,9 +150,35 @@ def build(openapi_type: str, value, path: str):
         raise InvalidManifest(f"{path}: {error}") from None
 
 
+#: The handlers of a probe and of a lifecycle hook (Kubernetes pkg/apis/core/validation/validation.go,
+#: handlerFromProbe and handlerFromLifecycle).
+PROBE_HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
+LIFECYCLE_HANDLERS = ("exec", "httpGet", "tcpSocket", "sleep")
+
+
+def handler_errors(pod: dict) -> list[str]:
+    """What the API server refuses in a pod spec's probes and lifecycle hooks and a JSON Schema cannot
+    say: each names exactly one handler (validation.go, validateHandler: "may not specify more than 1
+    handler type", "must specify a handler type")."""
+    errors = []
+    for container in pod.get("initContainers", []) + pod.get("containers", []):
+        actions = [(probe, PROBE_HANDLERS) for probe in ("livenessProbe", "readinessProbe", "startupProbe")]
+        actions += [(f"lifecycle.{hook}", LIFECYCLE_HANDLERS) for hook in ("postStart", "preStop")]
+        for where, handlers in actions:
+            action = container
+            for key in where.split("."):
+                action = (action or {}).get(key)
+            named = [handler for handler in handlers if (action or {}).get(handler) is not None]
+            if action is not None and len(named) != 1:
+                errors.append(f"{container['name']}.{where}: exactly one of {', '.join(handlers)}, not {named}")
+    return errors
+
+
 def validate(obj: dict) -> None:
     """A Kubernetes object: a custom resource by its CRD's schema (KServe's also by the kserve SDK's
-    models), any other by Kubernetes' API schema."""
+    models), any other by Kubernetes' API schema; every pod spec in it by the handler rule."""
+    for where, pod in pod_specs(obj):
+        assert handler_errors(pod) == [], where
     key = (obj.get("apiVersion"), obj.get("kind"))
     if key not in crd_schema.kinds():
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)  # no CRD of ours: a built-in kind, or it fails
@@ -230,20 +267,41 @@ def test_every_kustomization_renders_valid_objects(kubectl, directory):
         validate(obj)
 
 
-# Per chip overlay: the extended resource Ascend's device plugin advertises the NPUs as, and the
-# values its node.kubernetes.io/npu.chip.name label takes (the Name of `npu-smi info`), as Ascend's
-# MindCluster documentation lists them: resources in "Preparation of Job YAML Files"
+# Per chip overlay: the extended resource Ascend's device plugin advertises the NPUs as, the values
+# of the node label the overlay's pods are pinned with under each labelling scheme, and the image tag
+# docker/kserve.Dockerfile is built as for that chip's CANN image (the base's is 910B).
+# Resources as Ascend's MindCluster documentation lists them in "Preparation of Job YAML Files"
 # (hiascend.com/document/detail/zh/mindcluster/600/clustersched/usage/schedulingug/mxdlug_scheduling_049.html:
 # Atlas 800I A2 huawei.com/Ascend910, Atlas 300I huawei.com/Ascend310, Atlas inference series
-# huawei.com/Ascend310P), the label in "K8s原生对象说明" (.../mindcluster/60rc3/clustersched/reference/api/dlug_api_039.html).
-# And the image tag docker/kserve.Dockerfile is built as for that chip's CANN image (the base's is 910B).
-CHIP_LABEL = "node.kubernetes.io/npu.chip.name"
+# huawei.com/Ascend310P). node.kubernetes.io/npu.chip.name: the Name of `npu-smi info`, set by
+# MindCluster's device plugin ("K8s原生对象说明", .../mindcluster/60rc3/clustersched/reference/api/dlug_api_039.html;
+# Ascend/mind-cluster component/ascend-device-plugin/pkg/server/manager.go, updateChipNameToNode).
+# accelerator: the label the older Ascend/ascend-device-plugin's DaemonSets select their nodes by
+# (build/ascendplugin-910.yaml, -310.yaml, -310P.yaml, nodeSelector), and MindCluster's plugin sets
+# from 26.1.0 (component/ascend-common/api/default_name.go, Accelerator910Label ...).
+CHIP_LABELS = {"npu-chip-name": "node.kubernetes.io/npu.chip.name", "accelerator": "accelerator"}
 CHIPS = {
-    "ascend910": ("huawei.com/Ascend910", r"910(A|ProA|ProB|PremiumA)", "kserve-ascend:0.1.0-910"),
-    "ascend910b": ("huawei.com/Ascend910", r"910B[1-4]", "kserve-ascend:0.1.0"),
-    "ascend310": ("huawei.com/Ascend310", r"310", "kserve-ascend:0.1.0-310"),
-    "ascend310p": ("huawei.com/Ascend310P", r"310P[1-4]", "kserve-ascend:0.1.0-310p"),
+    "ascend910": ("huawei.com/Ascend910", {"npu-chip-name": r"910(A|ProA|ProB|PremiumA)", "accelerator": "huawei-Ascend910"},
+                  "kserve-ascend:0.1.0-910"),
+    "ascend910b": ("huawei.com/Ascend910", {"npu-chip-name": r"910B[1-4]", "accelerator": "huawei-Ascend910"}, "kserve-ascend:0.1.0"),
+    "ascend310": ("huawei.com/Ascend310", {"npu-chip-name": r"310", "accelerator": "huawei-Ascend310"}, "kserve-ascend:0.1.0-310"),
+    "ascend310p": ("huawei.com/Ascend310P", {"npu-chip-name": r"310P[1-4]", "accelerator": "huawei-Ascend310P"},
+                   "kserve-ascend:0.1.0-310p"),
 }
+#: Every kustomization pinned to a chip, with its chip: the overlays and the MindIE-style vNPU one.
+CHIP_PINNED = {**{MANIFESTS / "overlays" / overlay: overlay for overlay in CHIPS}, MANIFESTS / "mindie" / "vnpu": "ascend310p"}
+CHIP_LABEL_COMPONENT = MANIFESTS / "components" / "chip-label"
+
+
+def with_chip_label(tmp_path: Path, scheme: str) -> Path:
+    """A copy of manifests/ with the labelling scheme `scheme` chosen where a user chooses it."""
+    copy = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    kustomization = copy / CHIP_LABEL_COMPONENT.relative_to(MANIFESTS) / "kustomization.yaml"
+    component = yaml.safe_load(kustomization.read_text())
+    assert component["components"] == ["npu-chip-name"]  # the default: MindCluster's device plugin
+    kustomization.write_text(yaml.safe_dump({**component, "components": [scheme]}))
+    return copy
 
 
 def leaves(node, path: tuple = ()) -> dict[tuple, object]:
@@ -255,27 +313,46 @@ def leaves(node, path: tuple = ()) -> dict[tuple, object]:
     return {path: node}
 
 
-def test_there_is_an_overlay_per_chip():
+def test_there_is_an_overlay_per_chip_and_a_component_per_chip_label():
     assert {path.name for path in (MANIFESTS / "overlays").iterdir()} == set(CHIPS)
+    assert {path.parent.name for path in CHIP_LABEL_COMPONENT.glob("*/kustomization.yaml")} == set(CHIP_LABELS)
 
 
+@pytest.mark.parametrize("scheme", sorted(CHIP_LABELS))
 @pytest.mark.parametrize("overlay", sorted(CHIPS))
-def test_a_chip_overlay_changes_exactly_the_npu_resource_the_node_selector_and_the_image(kubectl, overlay):
+def test_a_chip_overlay_changes_exactly_the_npu_resource_the_node_selector_and_the_image(kubectl, tmp_path, overlay, scheme):
     resource, chip, image = CHIPS[overlay]
-    (base,) = kustomize(kubectl, MANIFESTS / "base")
-    (runtime,) = kustomize(kubectl, MANIFESTS / "overlays" / overlay)
+    manifests = with_chip_label(tmp_path, scheme)
+    (base,) = kustomize(kubectl, manifests / "base")
+    (runtime,) = kustomize(kubectl, manifests / "overlays" / overlay)
     (container,) = runtime["spec"]["containers"]
     assert container["resources"]["limits"][resource] == "1"
     assert [name for name in container["resources"]["limits"] if name.startswith("huawei.com/")] == [resource]
-    (label,) = runtime["spec"]["nodeSelector"].items()
-    assert label[0] == CHIP_LABEL and re.fullmatch(chip, label[1]), label
+    label = CHIP_LABELS[scheme]
+    assert list(runtime["spec"]["nodeSelector"]) == [label]
+    assert re.fullmatch(chip[scheme], runtime["spec"]["nodeSelector"][label]), runtime["spec"]["nodeSelector"]
     assert container["image"] == image
     before, after = leaves(base), leaves(runtime)
     changed = {path for path in before.keys() | after.keys() if before.get(path) != after.get(path)}
     limits = ("spec", "containers", 0, "resources", "limits")
-    assert changed <= {(*limits, "huawei.com/Ascend910"), (*limits, resource), ("spec", "nodeSelector", CHIP_LABEL),
+    assert changed <= {(*limits, "huawei.com/Ascend910"), (*limits, resource), ("spec", "nodeSelector", label),
                        ("spec", "containers", 0, "image")}, changed
-    assert ("spec", "nodeSelector", CHIP_LABEL) in changed
+    assert ("spec", "nodeSelector", label) in changed
+
+
+@pytest.mark.parametrize("scheme", sorted(CHIP_LABELS))
+def test_the_chip_label_is_chosen_in_one_place_for_every_chip_pinned_kustomization(kubectl, tmp_path, scheme):
+    manifests = with_chip_label(tmp_path, scheme)
+    pinned = {}
+    for directory in KUSTOMIZATIONS:
+        for obj in kustomize(kubectl, manifests / directory.relative_to(MANIFESTS)):
+            for where, pod in pod_specs(obj):
+                if "nodeSelector" in pod:
+                    pinned[directory] = pod["nodeSelector"]
+    assert set(pinned) == set(CHIP_PINNED)  # no pod is pinned to a chip elsewhere
+    for directory, selector in pinned.items():
+        value = CHIPS[CHIP_PINNED[directory]][1][scheme]
+        assert list(selector) == [CHIP_LABELS[scheme]] and re.fullmatch(value, selector[CHIP_LABELS[scheme]]), (relative(directory), selector)
 
 
 def test_the_monitoring_kustomization_ships_the_dashboard_and_the_scrape_job(kubectl):
@@ -711,20 +788,128 @@ def test_the_project_images_run_as_their_images_user_in_every_manifest():
     assert checked >= 3  # the two runtimes and the Triton server
 
 
-def test_a_triton_rollout_needs_no_spare_npu():
-    # One NPU per pod and often none free: a rollout must stop an old pod before it starts a new one.
+#: Where each kind that makes pods holds their pod-level fields: a Deployment's template, an
+#: InferenceService's predictor (KServe builds the pod from its pod fields: kserve
+#: pkg/controller/v1beta1/inferenceservice/utils/utils.go, MergePodSpec), a Seldon Server's podSpec
+#: (merged into its ServerConfig's: test_seldon.py). Runtimes have no pod securityContext (their CRD).
+POD_FIELDS = {"Deployment": ("spec", "template", "spec"), "InferenceService": ("spec", "predictor"), "Server": ("spec", "podSpec")}
+HWHIAIUSER = MANIFESTS / "components" / "hwhiaiuser"
+
+
+def hwhiaiuser_gid(component: Path = HWHIAIUSER) -> int:
+    """The host's HwHiAiUser group id the component sets (its one literal)."""
+    (generator,) = yaml.safe_load((component / "kustomization.yaml").read_text())["configMapGenerator"]
+    (literal,) = generator["literals"]
+    name, _, value = literal.partition("=")
+    assert name == "gid"
+    return int(value)
+
+
+def pod_groups(objects: list[dict]) -> dict[str, list[int]]:
+    """The supplementary groups (fsGroup included) of the pods each object makes, by object."""
+    groups = {}
+    for obj in (obj for obj in objects if obj["kind"] in POD_FIELDS):
+        pod = obj
+        for key in POD_FIELDS[obj["kind"]]:
+            pod = pod[key]
+        context = pod.get("securityContext", {})
+        groups[f"{obj['kind']} {obj['metadata']['name']}"] = context.get("supplementalGroups", []) + [context.get("fsGroup")]
+    return groups
+
+
+def test_every_pod_has_the_hosts_hwhiaiuser_group():
+    # The NPU's device nodes and driver libraries belong to the host's HwHiAiUser group, not to the
+    # image's user: without the group the server cannot open the NPU.
+    gid, checked = hwhiaiuser_gid(), 0
+    for path in OBJECT_FILES:
+        for where, groups in pod_groups(documents(path)).items():
+            assert gid in groups, f"{relative(path)}: {where}"
+            checked += 1
+    assert checked == 10  # two Deployments, seven InferenceServices, the Seldon Server
+
+
+def test_the_hwhiaiuser_group_is_set_in_one_place(kubectl, tmp_path):
+    # Another host's id, set in the component only, reaches every pod every kustomization makes.
+    shutil.copytree(MANIFESTS, tmp_path / "manifests")
+    kustomization = tmp_path / "manifests" / HWHIAIUSER.relative_to(MANIFESTS) / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace(f"gid={hwhiaiuser_gid()}", "gid=4321"))
+    assert hwhiaiuser_gid(kustomization.parent) == 4321
+    made = {}
+    for directory in KUSTOMIZATIONS:
+        objects = kustomize(kubectl, tmp_path / "manifests" / directory.relative_to(MANIFESTS))
+        made |= {f"{relative(directory)}: {where}": groups for where, groups in pod_groups(objects).items()}
+    assert made and all(groups[:1] == [4321] for groups in made.values()), made
+    assert {where.partition(":")[0] for where in made} == {
+        "manifests/triton", "manifests/mindie/base", "manifests/mindie/vnpu", "manifests/seldon", "manifests/autoscaling/business-hours"}
+
+
+#: The strategy KServe gives an InferenceService's Deployment without a deploymentStrategy (kserve
+#: pkg/controller/v1beta1/inferenceservice/reconcilers/deployment/deployment_reconciler.go,
+#: setDefaultDeploymentSpec; 0.15.2 to 0.20.0).
+KSERVE_DEFAULT_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}
+RAW_MODES = {"RawDeployment", "Standard"}  # "RawDeployment" up to KServe 0.15, "Standard" from 0.16
+
+
+def rollout_fenceposts(strategy: dict, replicas: int) -> tuple[int, int]:
+    """(pods a rollout may start beyond `replicas`, pods it may stop) at once (Kubernetes
+    pkg/controller/deployment/util/deployment_util.go, ResolveFenceposts: a percentage of maxSurge rounds
+    up, of maxUnavailable down, and if both come to 0 one pod may be unavailable)."""
+    if strategy["type"] == "Recreate":
+        return 0, replicas
+    rolling = strategy["rollingUpdate"]
+
+    def scaled(value: int | str, round_up: bool) -> int:
+        if isinstance(value, str):
+            exact = int(value.removesuffix("%")) * replicas / 100
+            return math.ceil(exact) if round_up else math.floor(exact)
+        return value
+
+    surge, unavailable = scaled(rolling["maxSurge"], True), scaled(rolling["maxUnavailable"], False)
+    return surge, unavailable or (0 if surge else 1)
+
+
+def npu_rollouts() -> list[tuple[str, dict, range]]:
+    """(where, strategy, replica counts) of every Deployment whose pods take one NPU and that has no
+    spare one to roll out on: the Triton Deployment and the one KServe makes of each RawDeployment
+    InferenceService, with the replica counts between its minReplicas and maxReplicas. (The MindIE-style
+    Deployment keeps all its replicas serving through a rollout and says it needs a spare NPU.)"""
     deployment = the(TRITON / "deployment.yaml", "Deployment")
     assert triton_container()["resources"]["limits"]["huawei.com/Ascend910"] == "1"
-    strategy = deployment["spec"]["strategy"]
-    if strategy["type"] != "Recreate":
-        assert strategy["rollingUpdate"]["maxSurge"] in (0, "0%")
-        assert strategy["rollingUpdate"]["maxUnavailable"] not in (0, "0%")
+    rollouts = [(relative(TRITON / "deployment.yaml"), deployment["spec"]["strategy"], range(deployment["spec"]["replicas"], deployment["spec"]["replicas"] + 1))]
+    assert runtime_container()["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+    for path in OBJECT_FILES:
+        for isvc in (o for o in documents(path) if o["kind"] == "InferenceService"):
+            if isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] in RAW_MODES:
+                predictor = isvc["spec"]["predictor"]
+                least = predictor.get("minReplicas", 1)
+                counts = range(least, max(least, predictor.get("maxReplicas", least)) + 1)
+                rollouts.append((relative(path), predictor.get("deploymentStrategy", KSERVE_DEFAULT_STRATEGY), counts))
+    return rollouts
+
+
+def test_no_rollout_needs_a_spare_npu():
+    # One NPU per pod and often none free: a rollout must stop an old pod before it starts a new one,
+    # or the new one stays Pending until the rollout's deadline.
+    rollouts = npu_rollouts()
+    for where, strategy, counts in rollouts:
+        for replicas in counts:
+            surge, unavailable = rollout_fenceposts(strategy, replicas)
+            assert surge == 0 and unavailable >= 1, f"{where}: with {replicas} replicas a rollout adds {surge}, stops {unavailable}"
+    assert len(rollouts) == 4  # Triton and the three RawDeployment services
+
+
+def test_the_rollout_arithmetic_is_kubernetes():
+    default = KSERVE_DEFAULT_STRATEGY
+    assert [rollout_fenceposts(default, n) for n in (1, 4, 5)] == [(1, 0), (1, 1), (2, 1)]
+    no_surge = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "10%"}}
+    assert rollout_fenceposts(no_surge, 4) == (0, 1)  # both 0: one pod may be unavailable
 
 
 #: Kubernetes' default terminationGracePeriodSeconds.
 DEFAULT_GRACE_PERIOD_S = 30
-#: Their pods are KServe's to make: their stop is the InferenceServices'.
-RUNTIME_KINDS = {"ServingRuntime", "ClusterServingRuntime"}
+#: Their pods are KServe's to make: their stop is the InferenceServices'. A Seldon Server's stop is its
+#: ServerConfig's (Seldon's agent drains it first: test_seldon.py).
+NOT_STOPPED_HERE = {"ServingRuntime", "ClusterServingRuntime", "Server"}
 #: Triton's --exit-timeout-secs when not given (triton-inference-server/core src/server.cc, InferenceServer()).
 TRITON_EXIT_TIMEOUT_S = 30
 
@@ -747,7 +932,7 @@ def pre_stop_delay_s(container: dict) -> float:
 
 def stopped_servers() -> list[tuple[str, dict, int]]:
     """(where, container, grace period) of every server the manifests have Kubernetes stop: the project's
-    images in the Deployments and the Seldon Server, and the runtime's container in each RawDeployment
+    images in the Deployments, and the runtime's container in each RawDeployment
     InferenceService, with the service's fields (its preStop hook) merged in as KServe merges them
     (kserve pkg/controller/v1beta1/inferenceservice/utils/utils.go, MergeRuntimeContainers: a strategic merge).
     Not the Knative ones: Knative makes the hook its queue-proxy's drain, the grace period the revision's
@@ -757,7 +942,7 @@ def stopped_servers() -> list[tuple[str, dict, int]]:
         for obj in documents(path):
             for where, pod in pod_specs(obj):
                 for container in pod["containers"]:
-                    if obj["kind"] not in RUNTIME_KINDS and container["image"].startswith("kserve-ascend"):
+                    if obj["kind"] not in NOT_STOPPED_HERE and container["image"].startswith("kserve-ascend"):
                         grace = pod.get("terminationGracePeriodSeconds", DEFAULT_GRACE_PERIOD_S)
                         servers.append((f"{relative(path)}: {where}", container, grace))
     for path in OBJECT_FILES:
@@ -776,8 +961,8 @@ def test_every_server_stops_within_its_pods_grace_period():
     for where, container, grace in servers:
         budget = pre_stop_delay_s(container) + shutdown_timeout_s(container)
         assert budget < grace, f"{where}: {budget} s to stop, {grace} s given"
-    # The MindIE-style and Triton Deployments, the Seldon Server, the three RawDeployment services.
-    assert len(servers) == 6
+    # The MindIE-style and Triton Deployments, the three RawDeployment services.
+    assert len(servers) == 5
     for path, kind in ((RUNTIME, "ClusterServingRuntime"), (NAMESPACED_RUNTIME, "ServingRuntime")):
         # Knative would refuse every service of a runtime with a hook of its own.
         assert all("lifecycle" not in container for container in the(path, kind)["spec"]["containers"])
@@ -880,7 +1065,8 @@ def test_the_kserve_image_installs_the_package_and_runs_its_cli():
     dockerfile = DOCKER / "kserve.Dockerfile"
     sources = [source for sources, _ in copies(dockerfile) for source in sources]
     assert {"pyproject.toml", "README.md", "kserve_ascend"} <= set(sources)  # what `pip install .` builds from
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    # pyproject.toml's [project.scripts], as installed (tomllib is Python 3.11+; the tests run on 3.10 too).
+    scripts = {e.name: e.value for e in importlib.metadata.entry_points(group="console_scripts") if e.dist.name == "kserve-ascend"}
     (command,) = entrypoint(dockerfile)
     assert scripts[command] == "kserve_ascend.__main__:main"
     # The runtime passes only flags (no command): they reach that entrypoint.

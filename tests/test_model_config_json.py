@@ -1,5 +1,6 @@
 """The model configuration extension written as Triton writes it, field by field against real Triton's
-answer for every model of model_repository/, over REST and gRPC."""
+answer for every model of model_repository/, over REST and gRPC; each instance group with the NPUs
+it runs on."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tritonclient.grpc as grpcclient
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import REPOSITORY
+from conftest import REPOSITORY, copy_model, start_server, stop_server
 from kserve_ascend.core import config as cfg
 
 MODELS = sorted(p.name for p in REPOSITORY.iterdir() if (p / "config.pbtxt").is_file())
@@ -99,7 +100,7 @@ def test_defaults_filled_in_where_the_config_is_silent():
     written = cfg.config_json(config)
     assert written["version_policy"] == {"latest": {"num_versions": 1}}
     assert written["dynamic_batching"]["preferred_batch_size"] == [4]
-    assert [(g["name"], g["count"]) for g in written["instance_group"]] == [("bare", 1)]
+    assert [(g["name"], g["count"], g["kind"], g["gpus"]) for g in written["instance_group"]] == [("bare", 1, "KIND_MODEL", [])]
     assert written["input"][0]["dims"] == [2] and written["output"] == []
     # What the config says stays as it says it.
     config.version_policy.all.SetInParent()
@@ -111,3 +112,42 @@ def test_defaults_filled_in_where_the_config_is_silent():
     assert written["dynamic_batching"]["preferred_batch_size"] == [2]
     assert [(g["name"], g["count"]) for g in written["instance_group"]] == [("bare_0", 1), ("second", 3)]
     assert not config.instance_group[0].name  # the served config itself is left as it is
+
+
+#: instance_group of each model (a `sim` on device_ids "0,1") -> (kind, gpus) in its configuration, and the
+#: devices its instances run on, in order (the model metadata's `device_ids`).
+GROUPS = {
+    # Triton's KIND_GPU: `count` on each of `gpus`, by default every GPU (here: every NPU of device_ids).
+    "npus": ("{ kind: KIND_GPU count: 2 }", ("KIND_GPU", [0, 1]), "0,0,1,1"),
+    "listed": ("{ kind: KIND_GPU count: 1 gpus: [ 1 ] }", ("KIND_GPU", [1]), "1"),
+    # Placed by the server, round-robin over device_ids: no gpus, as Triton writes for these kinds.
+    "placed": ("{ kind: KIND_MODEL count: 3 }", ("KIND_MODEL", []), "0,1,0"),
+    "cpu": ("{ kind: KIND_CPU count: 2 }", ("KIND_CPU", []), "0,1"),
+    # No kind (KIND_AUTO): resolved as Triton resolves it, to where this server places the group.
+    "unkind": ("{ count: 2 }", ("KIND_MODEL", []), "0,1"),
+    "unkind_listed": ("{ count: 1 gpus: [ 0, 1 ] }", ("KIND_GPU", [0, 1]), "0,1"),
+}
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("repository")
+    for name, (group, _, _) in GROUPS.items():
+        config = copy_model("sim", repository, name) / "config.pbtxt"
+        text = config.read_text().replace("instance_group [ { kind: KIND_MODEL count: 1 } ]", f"instance_group [ {group} ]")
+        config.write_text(text + 'parameters { key: "device_ids" value: { string_value: "0,1" } }\n')
+    server = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log")
+    yield server
+    stop_server(server)
+
+
+@pytest.mark.parametrize("model", GROUPS)
+def test_instance_groups_list_the_npus_they_run_on(placed, model):
+    _, (kind, gpus), instances = GROUPS[model]
+    rest = requests.get(f"{placed.url}/v2/models/{model}/config").json()
+    with grpcclient.InferenceServerClient(placed.grpc) as client:
+        grpc = client.get_model_config(model).config
+    assert [(group["kind"], group["gpus"]) for group in rest["instance_group"]] == [(kind, gpus)]
+    assert [(mc.ModelInstanceGroup.Kind.Name(group.kind), list(group.gpus)) for group in grpc.instance_group] == [(kind, gpus)]
+    # What the configuration says is where the instances are.
+    assert requests.get(f"{placed.url}/v2/models/{model}").json()["parameters"]["device_ids"] == instances

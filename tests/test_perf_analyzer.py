@@ -74,6 +74,20 @@ def test_runs_to_completion_with_server_side_figures(target, mode, tmp_path):
         assert "Server Prometheus Metrics" in run.stdout
 
 
+def test_runs_by_name_from_the_virtualenv(server, tmp_path):
+    """As Triton's Model Analyzer and users run it: `perf_analyzer`, found first on PATH in .venv/bin (the
+    virtualenv active), with no LD_LIBRARY_PATH set."""
+    env = {"PATH": os.pathsep.join([str(ROOT / ".venv" / "bin"), "/usr/bin", "/bin"]), "HOME": str(tmp_path)}
+    run = subprocess.run(
+        ["perf_analyzer", "-m", "simple", "-u", server.http, *BRIEFLY, "-f", str(tmp_path / "run.csv")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    with open(tmp_path / "run.csv") as file:
+        [row] = list(csv.DictReader(file))
+    assert float(row["Inferences/Second"]) > 0
+
+
 def test_refuses_a_server_it_cannot_scrape(server):
     """--collect-metrics above is checked: with a metrics URL nothing answers at, the run fails."""
     run = perf_analyzer("-m", "simple", "-u", server.http, *BRIEFLY, "--collect-metrics", "--metrics-url", "127.0.0.1:1/metrics")

@@ -1,10 +1,12 @@
 """Seldon Core 2's `triton` ServerConfig running this project's Triton image (manifests/seldon/).
 
-The ServerConfig starts `tritonserver` itself, with a command line of its own; the image answers
-with /opt/tritonserver as docker/triton.Dockerfile installs it (tools/run_triton.py --install). Here
-that install runs into a temporary root, Seldon's command line runs against it (its ports and model
-directory substituted, /opt/tritonserver under the root), and the Model is placed in Triton's
-repository, loaded and inferred as Seldon's agent does.
+Seldon makes the Server's StatefulSet from its ServerConfig with the Server merged in
+(tests/seldon_merge.py: Seldon's merge rules, on the real ServerConfig of tests/upstream/); the
+API server must take that StatefulSet. The ServerConfig starts `tritonserver` itself, with a
+command line of its own; the image answers with /opt/tritonserver as docker/triton.Dockerfile
+installs it (tools/run_triton.py --install). Here that install runs into a temporary root, Seldon's
+command line runs against it (its ports and model directory substituted, /opt/tritonserver under
+the root), and the Model is placed in Triton's repository, loaded and inferred as Seldon's agent does.
 """
 
 from __future__ import annotations
@@ -16,18 +18,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kubernetes_validate
 import numpy as np
 import onnxruntime
 import pytest
 import requests
+import seldon_merge
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import yaml
 from conftest import REPOSITORY, ROOT, Server, free_port, stop_server, wait_until
 from google.protobuf import text_format
 from kubernetes.utils.quantity import parse_quantity
 from test_kubernetes_examples import SELDON, shm_regions
-from test_manifests import DOCKER, instructions, the
+from test_manifests import (  # noqa: F401  (kubectl: a fixture)
+    DOCKER,
+    KUBERNETES_VERSION,
+    TRITON_EXIT_TIMEOUT_S,
+    handler_errors,
+    instructions,
+    kubectl,
+    kustomize,
+    the,
+)
 from tritonclient.grpc import model_config_pb2
+
+#: Seldon's `triton` ServerConfig, unchanged (tests/upstream/README.md says from where).
+SERVER_CONFIG = ROOT / "tests" / "upstream" / "seldon-core-v2.6.0-triton-serverconfig.yaml"
 
 # The `triton` container of Seldon Core 2's triton ServerConfig (SeldonIO/seldon-core,
 # operator/config/serverconfigs/triton.yaml): its env, and its command and args at v2.6.0 and
@@ -136,3 +153,59 @@ def test_seldons_triton_command_line_serves_the_model_its_agent_loads(image_root
         assert region <= SELDON_SHM
     finally:
         stop_server(triton)
+
+
+# --- The StatefulSet Seldon makes of the Server ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server_statefulset(kubectl) -> dict:
+    (server,) = [obj for obj in kustomize(kubectl, SELDON) if obj["kind"] == "Server"]
+    return seldon_merge.statefulset(yaml.safe_load(SERVER_CONFIG.read_text()), server)
+
+
+def test_the_api_server_takes_the_statefulset_seldon_makes_of_the_server(server_statefulset):
+    kubernetes_validate.validate(server_statefulset, KUBERNETES_VERSION, strict=True)
+    pod = server_statefulset["spec"]["template"]["spec"]
+    assert handler_errors(pod) == []  # a hook of the Server's own would join the ServerConfig's
+    (triton,) = [container for container in pod["containers"] if container["name"] == "triton"]
+    assert triton["image"] == the(SELDON / "server.yaml", "Server")["spec"]["podSpec"]["containers"][0]["image"]
+    assert triton["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+    env = {var["name"]: var.get("value") for container in pod["containers"] for var in container.get("env", [])}
+    assert env[seldon_merge.CAPABILITIES_ENV] == "ascend"
+
+
+def test_every_container_of_the_server_asks_seldons_agent_to_drain_before_it_stops(server_statefulset):
+    # Seldon's agent has the scheduler move the server's models elsewhere, then answers, only when
+    # three /terminate calls ("the number of containers in a pod") arrive at its drainer together
+    # (seldon-core scheduler/pkg/agent/drainservice/server.go, eventsTarget; v2.6.0 to v2.10.2): the
+    # ServerConfig's preStop hook of each container. Triton gets SIGTERM once its hook returns.
+    pod = server_statefulset["spec"]["template"]["spec"]
+    (agent,) = [container for container in pod["containers"] if container["name"] == "agent"]
+    drainer = int({var["name"]: var.get("value") for var in agent["env"]}["SELDON_DRAINER_PORT"])
+    for container in pod["containers"]:
+        assert container["lifecycle"]["preStop"] == {"httpGet": {"port": drainer, "path": "terminate"}}, container["name"]
+    assert len(pod["containers"]) == 3
+    # The draining, then Triton's own stop (--exit-timeout-secs: the ServerConfig sets none), within the grace period.
+    assert pod["terminationGracePeriodSeconds"] > TRITON_EXIT_TIMEOUT_S
+
+
+def test_the_merge_follows_mergos_rules():
+    """seldon_merge applies mergo's rules (WithOverride, WithAppendSlice) as Seldon's operator does."""
+    config = {"name": "triton", "command": ["bash"], "lifecycle": {"preStop": {"httpGet": {"port": 9007, "path": "terminate"}}},
+              "securityContext": {"runAsNonRoot": True}, "resources": {"requests": {"cpu": "1", "memory": "1G"}},
+              "readinessProbe": {"httpGet": {"path": "/ready", "port": "server-http"}}}
+    server = {"name": "triton", "command": ["-c"], "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
+              "securityContext": {"runAsNonRoot": False, "runAsUser": 1000}, "resources": {"requests": {"cpu": "2"}},
+              "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": 8000}}}
+    other = {"name": "agent", "image": "agent:latest"}
+    merged, agent = seldon_merge.merge_containers([config, other], [server])
+    assert agent == other
+    # Pointers merge field by field: both handlers in one hook.
+    assert merged["lifecycle"]["preStop"] == {"httpGet": {"port": 9007, "path": "terminate"}, "exec": {"command": ["sleep", "5"]}}
+    assert merged["command"] == ["bash", "-c"]  # slices append
+    assert merged["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000}  # false (empty) overrides nothing
+    assert merged["resources"]["requests"] == {"cpu": "2", "memory": "1G"}  # maps by key
+    # IntOrString is a struct of Type, IntVal, StrVal: an int port does not replace a named one.
+    assert merged["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "server-http"}
+    assert seldon_merge.merge_containers([config], [{"name": "sidecar"}])[0] == {"name": "sidecar"}

@@ -3,11 +3,17 @@
 its fix; the first failure ends the run, as every check needs the ones before it:
 
   1. the CANN toolkit's environment (set_env.sh sourced: ASCEND_HOME_PATH, libascendcl.so);
-  2. pyACL: `import acl` and `acl.init`;
-  3. an NPU: `acl.rt.get_device_count` and the device asked for;
-  4. ONNX Runtime's CANN execution provider: onnxruntime-cann installed alone, the provider listed,
+  2. the NPU's device nodes and the driver's library, open to this user (kserve_ascend/core/execution/npu_access.py);
+  3. pyACL: `import acl` and `acl.init`;
+  4. an NPU: `acl.rt.get_device_count` and the device asked for;
+  5. ONNX Runtime's CANN execution provider: onnxruntime-cann installed alone, the provider listed,
      and a tiny generated model that loads on it and runs once with the right result;
-  5. that model served by the real server (`python -m kserve_ascend`) and one request answered.
+  6. that model served by the real server (`python -m kserve_ascend`) and one request answered;
+  7. that model compiled by ATC with batch gears, run by the acl runtime through pyACL, every pyACL
+     call recorded into a trace that replays as a test (kserve_ascend/core/execution/runtimes/acl_trace.py).
+
+Checks 5 and 6 run in the directory they are started in, as the images do (a root-owned one):
+the provider saves what it compiles in the compile cache (kserve_ascend/core/execution/compile_cache.py).
 
 Exit status: 0 when every check passed, 1 otherwise.
 """
@@ -29,6 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from kserve_ascend.core.execution import compile_cache, npu_access
 from kserve_ascend.core.execution.runtimes.tiny_onnx import relu_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,20 +68,21 @@ def cann_toolkit(args) -> str:
     library = Path(home, "lib64", "libascendcl.so")
     if not library.exists():
         raise Failed(f"ASCEND_HOME_PATH is {home}, but {library} does not exist", "reinstall the CANN toolkit, or source the set_env.sh of the one installed")
-    version = toolkit_version(Path(home))
+    version = compile_cache.cann_version()
     found = f"CANN toolkit {version or '(version unknown)'} at {home}"
     if version and not version.startswith(PAIRED_CANN):
         found += f"; note: the pinned onnxruntime-cann is documented for CANN {PAIRED_CANN}"
     return found
 
 
-def toolkit_version(home: Path) -> str | None:
-    """`version=` of <arch>-linux/ascend_toolkit_install.info (CANN installation guide, "File Paths")."""
-    for info in home.glob("*-linux/ascend_toolkit_install.info"):
-        for line in info.read_text(errors="replace").splitlines():
-            if line.startswith("version="):
-                return line.split("=", 1)[1].strip()
-    return None
+def npu_device_access(args) -> str:
+    unusable = npu_access.problems()
+    if unusable:
+        raise Failed(
+            "this user cannot open everything the NPU needs:" + "".join(f"\n     - {problem}" for problem in unusable),
+            "as each line says; the host's HwHiAiUser gid is `getent group HwHiAiUser | cut -d: -f3` on the host",
+        )
+    return f"the NPU's device nodes and {npu_access.DRIVER_LIBRARY} are open to uid {os.getuid()}"
 
 
 def pyacl(args) -> str:
@@ -120,11 +128,10 @@ def cann_provider(args) -> str:
 
     if CANN not in onnxruntime.get_available_providers():
         raise Failed(f"onnxruntime {onnxruntime.__version__} does not list {CANN}", "pip uninstall -y onnxruntime onnxruntime-cann && pip install '.[ascend]'")
-    # In a process of its own: the provider initialises ACL, which this process just finalised;
-    # in the work directory, where the provider writes the .om files it compiles.
+    # In a process of its own: the provider initialises ACL, which this process just finalised.
     done = subprocess.run(
         [sys.executable, __file__, "--session", str(args.workdir / "check.onnx"), "--device", str(args.device)],
-        capture_output=True, text=True, env=environment(), cwd=args.workdir,
+        capture_output=True, text=True, env=environment(),
     )
     try:
         result = json.loads(done.stdout.splitlines()[-1])
@@ -174,8 +181,7 @@ def serve_once(args) -> str:
     command = [sys.executable, "-m", "kserve_ascend", "--model_dir", str(repository), "--http_port", str(ports[0]),
                "--grpc_port", str(ports[1]), "--metrics_port", str(ports[2])]
     with open(log, "wb") as out:
-        # In the work directory: the CANN provider writes the .om files it compiles into the current one.
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment(), cwd=args.workdir)
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment())
     url = f"http://127.0.0.1:{ports[0]}"
     try:
         wait_ready(server, url, log, args.timeout)
@@ -241,12 +247,23 @@ def tail(log: Path, lines: int = 15) -> str:
     return "\n    ".join([""] + log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def om_through_pyacl(args) -> str:
+    from kserve_ascend.core.execution.runtimes.acl_trace import HostCheckFailed, host_check  # numpy: only here
+
+    try:
+        return host_check(args.workdir, args.device, args.trace, args.timeout, environment())
+    except HostCheckFailed as failure:
+        raise Failed(str(failure), failure.fix) from None
+
+
 CHECKS = [
     ("CANN toolkit environment", cann_toolkit),
+    ("NPU device access", npu_device_access),
     ("pyACL", pyacl),
     ("NPU device", npu),
     ("ONNX Runtime CANN execution provider", cann_provider),
     ("a model served through kserve-ascend", serve_once),
+    ("an ATC-built .om through pyACL, recorded", om_through_pyacl),
 ]
 
 
@@ -254,6 +271,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", type=int, default=0, help="the NPU to check (default 0)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds the server may take to load and warm up the model")
+    parser.add_argument("--trace", type=Path, help="where check 7 writes its pyACL trace (default: it says)")
     parser.add_argument("--session", metavar="MODEL", help=argparse.SUPPRESS)  # the child of check 4
     args = parser.parse_args()
     if args.session:

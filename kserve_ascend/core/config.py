@@ -103,27 +103,42 @@ def model_file(config: mc.ModelConfig, version_dir: Path) -> Path:
     raise ModelLoadError(f"version {version_dir.name} has no model file (looked for {', '.join(names)})")
 
 
+def model_devices(config: mc.ModelConfig) -> list[int]:
+    """The NPUs the model is given: the `device_ids` parameter ("0,1"), the CANN way of binding
+    models to NPU cores; NPU 0 if it names none."""
+    param = config.parameters.get("device_ids")
+    try:
+        return [int(d) for d in param.string_value.split(",")] if param else [0]
+    except ValueError:
+        raise ModelLoadError(f"parameter device_ids must be comma-separated integers, got {param.string_value!r}") from None
+
+
+def group_devices(group: mc.ModelInstanceGroup, devices: list[int]) -> list[int]:
+    """The NPUs on each of which `group` runs `count` instances, as Triton reads `gpus` with NPUs for
+    GPUs: those it lists; for KIND_GPU listing none, every NPU of the model (`devices`), as Triton
+    takes every visible GPU. Empty for a group the server places itself (see `device_placement`)."""
+    if group.gpus:
+        return list(group.gpus)
+    return list(devices) if group.kind == mc.ModelInstanceGroup.KIND_GPU else []
+
+
 def device_placement(config: mc.ModelConfig) -> list[int]:
     """Device id of every instance to create, in order.
 
-    `instance_group { count: N gpus: [...] }` places N instances on each listed device,
-    as Triton does; otherwise the N instances are spread round-robin over the
-    `device_ids` parameter ("0,1"), the CANN way of binding models to NPU cores.
+    A group with NPUs (`group_devices`: its `gpus`, or KIND_GPU's default of every NPU in
+    `device_ids`) places `count` instances on each of them, as Triton places a KIND_GPU group;
+    any other group (KIND_MODEL, KIND_CPU, no kind) has its `count` instances spread
+    round-robin over `device_ids`, continuing across groups.
     """
-    param = config.parameters.get("device_ids")
-    try:
-        device_ids = [int(d) for d in param.string_value.split(",")] if param else [0]
-    except ValueError:
-        raise ModelLoadError(f"parameter device_ids must be comma-separated integers, got {param.string_value!r}") from None
-    groups = config.instance_group or [mc.ModelInstanceGroup(count=1)]
+    devices = model_devices(config)
     placement: list[int] = []
-    for group in groups:
+    for group in config.instance_group or [mc.ModelInstanceGroup(count=1)]:
         count = group.count or 1
-        if group.gpus:
-            placement.extend(device for device in group.gpus for _ in range(count))
+        if on := group_devices(group, devices):
+            placement.extend(device for device in on for _ in range(count))
         else:
             start = len(placement)  # round-robin continues across groups
-            placement.extend([device_ids[(start + i) % len(device_ids)] for i in range(count)])
+            placement.extend([devices[(start + i) % len(devices)] for i in range(count)])
     return placement
 
 
@@ -138,7 +153,10 @@ def normalized(config: mc.ModelConfig) -> mc.ModelConfig:
     `version_policy`: latest 1 (what select_versions serves); `dynamic_batching`'s
     `preferred_batch_size`: [max_batch_size] (the batcher sends a full batch at once either way);
     every `instance_group` named `<model>_<index>` with a count of at least 1 (one group named
-    after the model when there is none), as device_placement creates them. Left out, as they
+    after the model when there is none), its kind resolved (no kind: KIND_GPU if it lists NPUs,
+    else KIND_MODEL, placed by this server) and its `gpus` the NPUs it runs on, as
+    device_placement creates them (Triton resolves KIND_AUTO and fills a KIND_GPU group's
+    `gpus` with every GPU, NormalizeInstanceGroup). Left out, as they
     describe Triton's own machinery: `optimization` (CUDA pinned memory, priorities) and
     `runtime` (the backend's library, `model.py` under Triton's Python backend).
     """
@@ -153,9 +171,13 @@ def normalized(config: mc.ModelConfig) -> mc.ModelConfig:
         config.model_transaction_policy.SetInParent()
     elif not config.instance_group:
         config.instance_group.add(name=config.name)
+    devices = model_devices(config)
     for index, group in enumerate(config.instance_group):
         group.name = group.name or f"{config.name}_{index}"
         group.count = max(group.count, 1)
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if group.gpus else mc.ModelInstanceGroup.KIND_MODEL
+        group.gpus[:] = group_devices(group, devices)
     return config
 
 

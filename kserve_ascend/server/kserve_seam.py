@@ -127,6 +127,11 @@ class RestServer:
     def started(self) -> bool:
         return self._uvicorn.started
 
+    def listening_sockets(self) -> list:
+        """The sockets uvicorn listens on (asyncio's TransportSockets), once it serves (uvicorn.Server().servers, set
+        as it starts: tests/test_kserve_seam.py reads it from a serving one)."""
+        return [sock for server in self._uvicorn.servers for sock in server.sockets]
+
     def stop(self, grace: float) -> None:
         """Stops accepting; the requests accepted get `grace` seconds to be answered, then are cancelled."""
         self._uvicorn.config.timeout_graceful_shutdown = grace

@@ -35,8 +35,8 @@ class Edges(Protocol):
     def shutting_down(self) -> None:
         """Shutdown has begun: answers close their connections from now on (new requests are refused)."""
 
-    def stop_serving(self, grace: float) -> None:
-        """Stop accepting; what was accepted has `grace` seconds to be answered."""
+    async def stop_serving(self, grace: float) -> None:
+        """Stop accepting, and answer what was accepted, within `grace` seconds."""
 
 
 class Lifecycle:
@@ -95,7 +95,7 @@ class Lifecycle:
             await self.drain(timeout - min(EDGES_STOP_S, timeout / 2))
         except Exception:  # a fault of the drain must not keep the server from stopping
             log.exception("draining the models failed: stopping now")
-        edges.stop_serving(max(deadline - loop.time(), 0))
+        await edges.stop_serving(max(deadline - loop.time(), 0))
         self.stopped.set()
 
     async def drain(self, timeout_s: float) -> None:

@@ -11,6 +11,7 @@ import socket
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import listeners
 from .cli import EdgeSettings
 from .dataplane import DataPlane
 from .edges import rest
@@ -63,7 +64,16 @@ class AscendModelServer(kserve.ModelServer):
     def shutting_down(self) -> None:
         """Nothing to do: the REST edge reads `dataplane.stopping` (`ClosesWhenStopping`)."""
 
-    def stop_serving(self, grace: float) -> None:
+    async def stop_serving(self, grace: float) -> None:
+        """Stops accepting with nothing left queued on the HTTP port (`listeners`: closing a listening socket resets
+        the connections queued on it), then stops the edges, all within `grace` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        if self.rest is not None:
+            await listeners.drain(self.rest.listening_sockets(), grace / 2)
+        self.stop_edges(max(deadline - loop.time(), 0))
+
+    def stop_edges(self, grace: float) -> None:
         """Both edges stop accepting; what they accepted gets `grace` seconds to be answered, then is cancelled."""
         if self.rest is not None:
             self.rest.stop(grace)

@@ -5,6 +5,10 @@ whose ONNX Runtime cannot share a process with the CPU build of the test process
       the project's OnnxRuntime loads MODEL under a config with each of a list of `parameters`
       dicts: for each, what it chose (info, the provider options ORT applied, batch sizes) or
       the load error;
+  probe.py run MODEL
+      the project's OnnxRuntime loads MODEL with `execution_provider: cann` and runs it once on
+      zeros (the provider compiles and saves on that first run): the working directory then, and
+      the run's error (the stubs compute nothing, so a run that gets past compiling fails later);
   probe.py ort MODEL OPTIONS_JSON
       plain onnxruntime, as any user calls it, with CANNExecutionProvider and each of a list of
       option dicts: for each, the providers the session ended on and what ORT printed;
@@ -50,6 +54,31 @@ def load(model: str, cases: str, device_id: str, max_batch_size: str) -> list[di
         })
         runtime.close()
     return results
+
+
+def run(model: str) -> dict:
+    import os
+
+    import numpy as np
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from kserve_ascend.core import datatypes
+    from kserve_ascend.core.errors import ModelLoadError
+    from kserve_ascend.core.execution.runtimes import load_runtime
+
+    config = mc.ModelConfig(name="probe")
+    config.parameters["execution_provider"].string_value = "cann"
+    try:
+        runtime = load_runtime(config, Path(model), 0)
+    except ModelLoadError as error:
+        return {"error": str(error), "cwd": os.getcwd()}
+    zeros = {s.name: np.zeros([max(d, 1) for d in s.shape], datatypes.to_numpy(s.datatype)) for s in runtime.inputs}
+    try:
+        runtime.run(zeros, [s.name for s in runtime.outputs])
+        result = {"ran": True}
+    except Exception as error:  # ORT's own exception types
+        result = {"run_error": str(error)}
+    return {**result, "cwd": os.getcwd()}
 
 
 def ort(model: str, cases: str) -> list[dict]:
@@ -114,4 +143,4 @@ def mixed(order: str, om: str, model: str, priming: str) -> dict:
 if __name__ == "__main__":
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     command, *args = sys.argv[1:]
-    print(json.dumps({"load": load, "ort": ort, "mixed": mixed}[command](*args)))
+    print(json.dumps({"load": load, "run": run, "ort": ort, "mixed": mixed}[command](*args)))

@@ -6,9 +6,13 @@ or put `tests/fake_acl` on PYTHONPATH so that `import acl` finds it (it never cl
 real: `FAKE is True`, and every helper meant for tests starts with `fake_`).
 
 What it mimics of the real API (the shapes the CANN samples rely on):
-  * calls that produce something return `(value, ret)`; calls that act return a bare `ret`;
-    `acl.mdl.create_desc`, `acl.mdl.create_dataset` and `acl.create_data_buffer` return a
-    bare handle (0 on failure); description queries return bare values;
+  * every call is held to its C wrapper in pyACL's source, the table PYACL (hicann/runtime
+    python/pyACL/: the PyArg_ParseTuple format of its arguments, the Py_BuildValue format of its
+    result): arity, int32 `i`, unsigned `k`/`K`/`I` as C converts them, a tuple where the wrapper
+    wants one, and the result's shape. Calls that produce something return `(value, ret)`; calls
+    that act return a bare `ret`; `acl.mdl.create_desc`, `acl.mdl.create_dataset` and
+    `acl.create_data_buffer` return a bare handle (0 on failure); description queries return
+    bare values (for a bad index what the C API gives: 0, "", ACL_DT_UNDEFINED);
   * return codes are the real ones (acl_base.h, rt_error_codes.h, ge_error_codes.h);
   * call order: nothing before `acl.init`, a context before device work, contexts bound to
     threads (`acl.rt.set_context`), a model runs only under the context that loaded it;
@@ -35,11 +39,17 @@ What it mimics of the real API (the shapes the CANN samples rely on):
     them, `acl.rt.destroy_stream_force` drops them (docs/03_api_ref/06_Stream管理.md);
     `acl.rt.memcpy_async` takes host memory only from `acl.rt.malloc_host` (CANN: other host
     memory gives "unpredictable errors"; the fake refuses it) and 64-byte aligned addresses;
-  * `acl.rt.malloc_host` returns `(address, ret)` of pinned memory, 64-byte aligned;
-    `acl.util.ptr_to_numpy(address, shape_tuple, npy_type)` returns a writable numpy array over
-    that memory (no copy), as pyACL's numpy_convert.cpp does (hicann/runtime
-    python/pyACL/util/numpy_convert.cpp); it and `acl.util.numpy_to_ptr` warn that they "will be
-    deprecated"; `acl.util.bytes_to_ptr` accepts only `bytes`.
+  * `acl.rt.synchronize_stream_with_timeout(stream, ms)`: -1 waits for ever, > 0 milliseconds, 0 and
+    below -1 are ACL_ERROR_RT_PARAM_INVALID (see the function for the sources);
+  * host addresses are real addresses, as pyACL hands them out: `acl.rt.malloc_host` returns
+    `(address, ret)` of pinned memory, 64-byte aligned, `acl.util.numpy_to_ptr` and
+    `acl.util.bytes_to_ptr` the data's own address; device addresses are fake, above any host
+    address. `acl.util.ptr_to_numpy(address, shape_tuple, npy_type)` returns a writable numpy
+    array over that memory (no copy), as pyACL's util/numpy_convert.cpp does; it and
+    `acl.util.numpy_to_ptr` warn that they "will be deprecated"; `acl.util.bytes_to_ptr`
+    accepts only `bytes`. After `acl.rt.free_host` a view of that memory fails on use: writes
+    raise, reads give POISON bytes (real pyACL's view points at freed memory);
+  * env FAKE_ACL_WITHOUT="acl.util.ptr_to_numpy,...": a pyACL without those calls.
 
 What it adds for tests:
   * `fake_calls()`: every call in order, with its arguments and what it returned;
@@ -81,7 +91,7 @@ Faults (the control API other tests rely on):
             -> fake_hang(call, device) ("device" optional)
         {"release": true}
             -> fake_release()
-    AclRuntime (kserve_ascend/core/runtimes/acl.py) makes, per batch: acl.rt.set_context,
+    AclRuntime (kserve_ascend/core/execution/runtimes/acl.py) makes, per batch: acl.rt.set_context,
     acl.rt.memcpy_async per input, acl.mdl.set_dynamic_batch_size (gear models),
     acl.mdl.execute_async, acl.rt.memcpy_async per output, and one
     acl.rt.synchronize_stream_with_timeout.
@@ -93,7 +103,7 @@ Faults (the control API other tests rely on):
 A fake `.om` file is a JSON descriptor (see `fake_write_om`): inputs and outputs with names,
 ACL data types and dims, and optional dynamic batch gears. "Executing" it copies input i to
 output i for the rows of the gear chosen (bytewise, or cast when the output's type differs, as
-ATC's --output_type does), so values round-trip. Memory is real Python memory: device pointers
+ATC's --output_type does), so values round-trip; or computes Relu of it (`relu`). Memory is real Python memory: device pointers
 are fake integer addresses backed by bytearrays, and host pointers handed out by
 numpy_to_ptr/bytes_to_ptr map fake addresses to the array's own memory, so copies really move
 data.
@@ -105,9 +115,11 @@ import ctypes
 import itertools
 import json
 import os
+import string
 import threading
 import types
 import warnings
+import weakref
 from collections import Counter, namedtuple
 from pathlib import Path
 
@@ -181,15 +193,98 @@ FAKE_UTILIZATION = {
 
 Call = namedtuple("Call", "name args result")
 
+#: The C wrapper behind a pyACL call: `args`, the PyArg_ParseTuple format it parses its arguments
+#: with (None: it does not parse them, extra arguments are ignored); `result`, the Py_BuildValue
+#: format of what it returns (one unit: a bare value; several: a tuple); `source`, where in
+#: hicann/runtime python/pyACL/ (as of commit 134e2ed) the wrapper is; `failed`, what a failing
+#: call returns in place of its value (None: its aclError for a bare "i", else 0, or {} for an "O").
+Wrapper = namedtuple("Wrapper", "args result source failed", defaults=(None,))
+
+#: Every pyACL call the project makes (kserve_ascend/, tools/), and those the fake adds for tests.
+#: `_api` enforces it on every fake call: CPython's own PyArg_ParseTuple parses the arguments with
+#: `args`, as the wrapper does (arity, int for "k"/"K" and no numpy integers, the int32 range of "i",
+#: unsigned wrap-around of "k"/"K"/"I", str for "s"), and a failed parse raises the TypeError
+#: "<call> args parse failed" the wrapper's CHECK_NULL sets (utils_methods.h); the implementation
+#: gets the values as C sees them. The result is checked against `result` (tuple shape, C ranges).
+PYACL = {
+    "acl.init": Wrapper("|s", "i", "py_init_acl.cpp WrapAclInit"),
+    "acl.finalize": Wrapper(None, "i", "py_init_acl.cpp WrapAclFinalize"),
+    "acl.get_recent_err_msg": Wrapper(None, "s", "py_init_acl.cpp WrapAclGetRecentErrMsg"),
+    "acl.get_soc_name": Wrapper(None, "s", "py_init_acl.cpp WrapAclRtGetSocName"),
+    "acl.create_data_buffer": Wrapper("kk", "k", "py_init_acl.cpp WrapAclCreateDataBuffer"),
+    "acl.destroy_data_buffer": Wrapper("k", "i", "py_init_acl.cpp WrapAclDestroyDataBuffer"),
+    "acl.get_data_buffer_addr": Wrapper("k", "k", "py_init_acl.cpp WrapAclGetDataBufferAddr"),
+    "acl.get_data_buffer_size_v2": Wrapper("k", "k", "py_init_acl.cpp WrapAclGetDataBufferSizeV2"),
+    "acl.rt.set_device": Wrapper("i", "i", "rt/rt_device.cpp WrapAclRtSetDevice"),
+    "acl.rt.reset_device": Wrapper("i", "i", "rt/rt_device.cpp WrapAclRtResetDevice"),
+    "acl.rt.get_device_count": Wrapper(None, "Ii", "rt/rt_device.cpp WrapAclRtGetDeviceCount"),
+    # The dict is built from the zero-initialised aclrtUtilizationInfo whatever the call returned.
+    "acl.rt.get_device_utilization_rate": Wrapper(
+        "i", "OI", "rt/rt_device.cpp WrapAclRtGetDeviceUtilizationRate",
+        {"cube_utilization": 0, "vector_utilization": 0, "aicpu_utilization": 0, "memory_utilization": 0,
+         "utilization_extend": 0},
+    ),
+    "acl.rt.create_context": Wrapper("i", "ki", "rt/rt_context.cpp WrapAclRtCreateContext"),
+    "acl.rt.set_context": Wrapper("k", "i", "rt/rt_context.cpp WrapAclRtSetCurrentContext"),
+    "acl.rt.destroy_context": Wrapper("k", "i", "rt/rt_context.cpp WrapAclRtDestroyContext"),
+    "acl.rt.create_stream": Wrapper(None, "ki", "rt/rt_stream.cpp WrapAclRtCreateStream"),
+    "acl.rt.destroy_stream": Wrapper("k", "i", "rt/rt_stream.cpp WrapAclRtDestroyStream"),
+    "acl.rt.destroy_stream_force": Wrapper("k", "i", "rt/rt_stream.cpp WrapAclRtDestroyStreamForce"),
+    "acl.rt.synchronize_stream": Wrapper("k", "i", "rt/rt_synchronize.cpp WrapAclRtSynchronizeStream"),
+    "acl.rt.synchronize_stream_with_timeout": Wrapper(
+        "ki", "i", "rt/rt_synchronize.cpp WrapAclRtSynchronizeStreamWithTimeout"
+    ),
+    "acl.rt.malloc": Wrapper("ki", "ki", "rt/rt_memory.cpp WrapAclRtMalloc"),
+    "acl.rt.free": Wrapper("k", "i", "rt/rt_memory.cpp WrapAclRtFree"),
+    "acl.rt.malloc_host": Wrapper("k", "ki", "rt/rt_memory.cpp WrapAclRtMallocHost"),
+    "acl.rt.free_host": Wrapper("k", "i", "rt/rt_memory.cpp WrapAclRtFreeHost"),
+    "acl.rt.memcpy": Wrapper("kkkki", "i", "rt/rt_memory.cpp WrapAclRtMemcpy"),
+    "acl.rt.memcpy_async": Wrapper("kkkkik", "i", "rt/rt_memory.cpp WrapAclRtMemcpyAsync"),
+    "acl.util.numpy_to_ptr": Wrapper("O", "k", "util/numpy_convert.cpp WrapNumpyToPtr"),
+    "acl.util.ptr_to_numpy": Wrapper("kOi", "O", "util/numpy_convert.cpp WrapPtrToNumpy"),
+    "acl.util.bytes_to_ptr": Wrapper("O", "k", "util/bytes_convert.cpp WrapBytesToPtr"),
+    # Not Py_BuildValue: PyBytes_FromStringAndSize, a copy of the memory.
+    "acl.util.ptr_to_bytes": Wrapper("kk", "O", "util/bytes_convert.cpp WrapPtrToBytes"),
+    "acl.mdl.load_from_file": Wrapper("s", "Ii", "mdl/mdl_wrap.cpp WrapAclMdlLoadFromFile"),
+    "acl.mdl.unload": Wrapper("I", "i", "mdl/mdl_wrap.cpp WrapAclMdlUnload"),
+    "acl.mdl.create_desc": Wrapper(None, "k", "mdl/mdl_wrap.cpp WrapAclMdlCreateDesc"),
+    "acl.mdl.get_desc": Wrapper("kI", "i", "mdl/mdl_wrap.cpp WrapAclMdlGetDesc"),
+    "acl.mdl.destroy_desc": Wrapper("k", "i", "mdl/mdl_wrap.cpp WrapAclMdlDestroyDesc"),
+    "acl.mdl.get_num_inputs": Wrapper("k", "k", "mdl/mdl_wrap.cpp WrapAclMdlGetNumInputs"),
+    "acl.mdl.get_num_outputs": Wrapper("k", "k", "mdl/mdl_wrap.cpp WrapAclMdlGetNumOutputs"),
+    "acl.mdl.get_input_size_by_index": Wrapper("kk", "k", "mdl/mdl_wrap.cpp WrapAclMdlGetInputSizeByIndex"),
+    "acl.mdl.get_output_size_by_index": Wrapper("kk", "k", "mdl/mdl_wrap.cpp WrapAclMdlGetOutputSizeByIndex"),
+    # A bad index: "" and ACL_DT_UNDEFINED (-1), from aclmdlGetNameByIndex and aclmdlGetDataType in
+    # hicann/ge api/acl/acl_model/model/model_om2.cpp.
+    "acl.mdl.get_input_name_by_index": Wrapper("kk", "s", "mdl/mdl_wrap.cpp WrapAclMdlGetInputNameByIndex", ""),
+    "acl.mdl.get_output_name_by_index": Wrapper("kk", "s", "mdl/mdl_wrap.cpp WrapAclMdlGetOutputNameByIndex", ""),
+    "acl.mdl.get_input_data_type": Wrapper("kk", "i", "mdl/mdl_wrap.cpp WrapAclMdlGetInputDataType", -1),
+    "acl.mdl.get_output_data_type": Wrapper("kk", "i", "mdl/mdl_wrap.cpp WrapAclMdlGetOutputDataType", -1),
+    "acl.mdl.get_input_dims": Wrapper("kk", "Oi", "mdl/mdl_wrap.cpp WrapAclMdlGetInputDims"),
+    "acl.mdl.get_output_dims": Wrapper("kk", "Oi", "mdl/mdl_wrap.cpp WrapAclMdlGetOutputDims"),
+    "acl.mdl.get_input_index_by_name": Wrapper("ks", "ki", "mdl/mdl_wrap.cpp WrapAclMdlGetInputIndexByName"),
+    "acl.mdl.get_dynamic_batch": Wrapper("k", "Oi", "mdl/mdl_wrap.cpp WrapAclMdlGetDynamicBatch"),
+    "acl.mdl.create_dataset": Wrapper(None, "k", "mdl/mdl_wrap.cpp WrapAclMdlCreateDataset"),
+    "acl.mdl.add_dataset_buffer": Wrapper("kk", "ki", "mdl/mdl_wrap.cpp WrapAclMdlAddDatasetBuffer"),
+    "acl.mdl.get_dataset_num_buffers": Wrapper("k", "k", "mdl/mdl_wrap.cpp WrapAclMdlGetDatasetNumBuffers"),
+    "acl.mdl.get_dataset_buffer": Wrapper("kk", "k", "mdl/mdl_wrap.cpp WrapAclMdlGetDatasetBuffer"),
+    "acl.mdl.destroy_dataset": Wrapper("k", "i", "mdl/mdl_wrap.cpp WrapAclMdlDestroyDataset"),
+    "acl.mdl.set_dynamic_batch_size": Wrapper("IkkK", "i", "mdl/mdl_wrap.cpp WrapAclMdlSetDynamicBatchSize"),
+    "acl.mdl.execute": Wrapper("Ikk", "i", "mdl/mdl_wrap.cpp WrapAclMdlExecute"),
+    "acl.mdl.execute_async": Wrapper("Ikkk", "i", "mdl/mdl_wrap.cpp WrapAclMdlExecuteAsync"),
+}
+
 
 class _Region:
-    """Memory behind a fake address: device (a bytearray) or host (an array's own memory)."""
+    """Memory behind an address: device (a bytearray at a fake address) or host (real memory at its
+    real address, as pyACL hands out: pinned memory of acl.rt.malloc_host, or an array's own)."""
 
     def __init__(self, kind: str, memory: memoryview, owner: object = None, pinned: bool = False):
         self.kind = kind  # "device" or "host"
         self.memory = memory
         self.owner = owner  # keeps a host array alive while its address is handed out
         self.pinned = pinned  # host memory of acl.rt.malloc_host
+        self.views: list[weakref.ref] = []  # acl.util.ptr_to_numpy arrays over it
 
 
 class _Model:
@@ -198,6 +293,7 @@ class _Model:
     def __init__(self, descriptor: dict, context: int):
         self.context = context
         self.gears = sorted(descriptor.get("dynamic_batch") or [])
+        self.relu = bool(descriptor.get("relu"))
         self.inputs = [_tensor(t) for t in descriptor["inputs"]]
         self.outputs = [_tensor(t) for t in descriptor["outputs"]]
         self.user_inputs = list(self.inputs)
@@ -209,7 +305,10 @@ class _Model:
     def size(self, tensor: dict) -> int:
         if tensor["name"] == DYNAMIC_BATCH_INPUT:
             return _GEAR_INPUT_SIZE
-        return int(np.prod(self.dims(tensor))) * ITEM_SIZES[tensor["dtype"]]
+        dims = self.dims(tensor)
+        if any(d < 0 for d in dims):  # a dynamic dim and no gear: the fake has nothing to size it by
+            return 0  # as aclmdlGetTensorSize when its shape range cannot (hicann/ge api/acl/acl_model/model/model_om2.cpp)
+        return int(np.prod(dims)) * ITEM_SIZES[tensor["dtype"]]
 
     def dims(self, tensor: dict) -> list[int]:
         """Dims with the largest gear for the batch (what sizes are computed from)."""
@@ -292,7 +391,7 @@ class _State:
         self.contexts: dict[int, int] = {}  # context -> device id
         self.streams: dict[int, _Stream] = {}
         self.regions: dict[int, _Region] = {}  # base address -> memory
-        self.host_addresses: dict[tuple[int, int], int] = {}  # (real address, size) -> fake
+        self.freed: list[_Region] = []  # freed pinned memory, poisoned and kept (see _poison)
         self.mallocs: list[tuple[int, int, int]] = []  # every acl.rt.malloc: (address, size, policy)
         self.models: dict[int, _Model] = {}
         self.descs: dict[int, int | None] = {}  # desc -> model id it describes
@@ -301,12 +400,13 @@ class _State:
         self.utilization: dict[int, dict] = {}  # device id -> what get_device_utilization_rate reports
         self.handles = itertools.count(0x1000, 0x10)
         self.model_ids = itertools.count(1)
-        self.next_address = {"device": 0x7F0000000000, "host": 0x550000000000}
+        # Above every address a 48-bit virtual address space gives a process: never a host address.
+        self.next_device_address = 2**52
 
-    def address(self, kind: str, size: int) -> int:
+    def device_address(self, size: int) -> int:
         """A fresh fake address, page aligned, with a gap after each region so overruns hit nothing."""
-        address = self.next_address[kind]
-        self.next_address[kind] = (address + size + 0x1FFF) // 0x1000 * 0x1000
+        address = self.next_device_address
+        self.next_device_address = (address + size + 0x1FFF) // 0x1000 * 0x1000
         return address
 
 
@@ -417,14 +517,20 @@ def fake_leaks() -> dict[str, object]:
     return {k: v for k, v in leaks.items() if v}
 
 
-def fake_write_om(path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False) -> Path:
+def fake_write_om(
+    path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False, graph_names: list[int] | None = None,
+    relu: bool = False,
+) -> Path:
     """Writes a fake .om descriptor; tensors are (name, acl_dtype, dims) or dicts.
 
-    `outputs` defaults to one output per input, "<input>_out", with its dtype and dims.
-    `atc_names`: name the outputs as ATC names those of a model converted from ONNX,
-    `<operator>:<edge>:<output name>` (aclmdlGetOutputNameByIndex, CANN 8.0:
-    hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1457.html);
-    the operator here is a made-up `node_<i>`. Inputs keep their names, as ATC keeps them.
+    `outputs` defaults to one output per input, "<input>_out", with its dtype and dims; output i is
+    input i, or Relu of it with `relu` (the model `make check-ascend` compiles).
+    How aclmdlGetOutputNameByIndex names the outputs (CANN 8.0 API reference:
+    hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha003/apiref/appdevgapi/aclcppdevg_03_1457.html),
+    the operator being a made-up `node_<i>`; inputs keep their names either way:
+    `atc_names`, as ATC names those of a model converted from ONNX, `<operator>:<edge>:<output name>`;
+    `graph_names`, as a model built with the Ascend Graph API, `output_<network output index>_<operator>_<edge>`:
+    the network output index of each of `outputs`, which may list them in another order than the network.
     """
     inputs = [_as_dict(t) for t in inputs]
     if outputs is None:
@@ -432,11 +538,14 @@ def fake_write_om(path, inputs, outputs=None, dynamic_batch=None, atc_names: boo
     outputs = [_as_dict(t) for t in outputs]
     if atc_names:
         outputs = [{**t, "name": f"node_{i}:0:{t['name']}"} for i, t in enumerate(outputs)]
+    if graph_names is not None:
+        outputs = [{**t, "name": f"output_{i}_node_{i}_0"} for i, t in zip(graph_names, outputs, strict=True)]
     descriptor = {
         "fake_acl_om": 1,
         "inputs": inputs,
         "outputs": outputs,
         "dynamic_batch": list(dynamic_batch or []),
+        "relu": relu,
     }
     path = Path(path)
     path.write_text(json.dumps(descriptor, indent=2))
@@ -508,48 +617,96 @@ class _Block(Exception):
         self.released = released
 
 
-def _failure(shape: str, ret: int):
-    return {"ret": ret, "pair": (0, ret), "handle": 0, "value": 0}[shape]
+#: What PyArg_ParseTuple stores each format unit the table uses into.
+_C_SLOTS = {"i": ctypes.c_int, "I": ctypes.c_uint, "k": ctypes.c_ulong, "K": ctypes.c_ulonglong,
+            "s": ctypes.c_char_p, "O": ctypes.py_object}
+#: The values Py_BuildValue makes of each integer format unit (a C int, unsigned int, unsigned long).
+_C_RANGES = {"i": range(-(2**31), 2**31), "I": range(2**32), "k": range(2**64), "K": range(2**64)}
+_parse_tuple = ctypes.pythonapi.PyArg_ParseTuple
+_parse_tuple.restype = ctypes.c_int
 
 
-def _api(name: str, shape: str):
-    """Records the call; turns _Fail and injected faults into the real return convention.
+def _parse(name: str, wrapper: Wrapper, args: tuple) -> tuple:
+    """The arguments as the C wrapper gets them, parsed by CPython's PyArg_ParseTuple with its format."""
+    if wrapper.args is None:  # the wrapper never looks at them
+        return ()
+    slots = [_C_SLOTS[unit]() for unit in wrapper.args if unit != "|"]
+    try:
+        _parse_tuple(ctypes.py_object(args), wrapper.args.encode(), *map(ctypes.byref, slots))
+    except (TypeError, ValueError, OverflowError) as error:
+        # CHECK_NULL(PyArg_ParseTuple(...), "<call> args parse failed") replaces the parser's error.
+        raise TypeError(f"{name} args parse failed (fake: {error}; pyACL {wrapper.source})") from None
+    given = slots[: len(args)]  # optional units left out stay out
+    return tuple(slot.value.decode() if isinstance(slot, ctypes.c_char_p) else slot.value for slot in given)
 
-    shape: "ret" (bare ret), "pair" ((value, ret)), "handle" (bare handle, 0 on failure),
-    "value" (a bare query result; never fails). A blocked call waits outside the lock, so
-    other threads (other devices) go on.
+
+def _check_result(name: str, wrapper: Wrapper, result) -> None:
+    """A FAKE bug, loudly: a result Py_BuildValue could not have built from the table's format."""
+    units = wrapper.result
+    values = result if len(units) > 1 else (result,)
+    shaped = isinstance(result, tuple) == (len(units) > 1) and len(values) == len(units)
+    if not shaped or not all(_builds(unit, value) for unit, value in zip(units, values)):
+        raise AssertionError(f"FAKE {name} returned {result!r}, not what pyACL's {units!r} builds ({wrapper.source})")
+
+
+def _builds(unit: str, value) -> bool:
+    if unit in _C_RANGES:
+        return isinstance(value, int) and value in _C_RANGES[unit]
+    if unit == "s":  # a NULL char* becomes None
+        return value is None or isinstance(value, str)
+    return value is not None  # "O"
+
+
+def _failure(wrapper: Wrapper, ret: int):
+    """What a failed call returns: its aclError, or (what stands for its value, its aclError)."""
+    if wrapper.result == "i" and wrapper.failed is None:
+        return ret
+    failed = wrapper.failed if wrapper.failed is not None else {} if wrapper.result[0] == "O" else 0
+    return (failed, ret) if len(wrapper.result) > 1 else failed
+
+
+def _api(name: str):
+    """The fake of the pyACL call `name`, held to its wrapper in PYACL; records the call and turns
+    _Fail and injected faults into the real return convention.
+
+    The implementation returns the call's value (None for a call that only acts); a call whose
+    wrapper builds "i" then returns ACL_SUCCESS, one that builds a pair returns (value, 0). A
+    blocked call waits outside the lock, so other threads (other devices) go on.
     """
+    wrapper = PYACL[name]
 
     def wrap(function):
         def call(*args):
+            parsed = _parse(name, wrapper, args)
             while True:
                 with _state.lock:
                     _apply_faults_file()
                     try:
-                        result = _invoke(name, shape, function, args)
+                        result = _invoke(name, wrapper, function, parsed)
                     except _Block as block:
                         released = block.released
                     else:
+                        _check_result(name, wrapper, result)
                         _state.calls.append(Call(name, args, result))
                         return result
                 released.wait()
 
         call.__name__ = function.__name__
         call.__qualname__ = name
-        call.__doc__ = f"FAKE {name} (tests only). {function.__doc__ or ''}"
+        call.__doc__ = f"FAKE {name} (tests only; pyACL {wrapper.source}). {function.__doc__ or ''}"
         return call
 
     return wrap
 
 
-def _invoke(name: str, shape: str, function, args):
+def _invoke(name: str, wrapper: Wrapper, function, args):
     device = _device_of(name, args)
     ret = _injected(name, device)
     deferred = name in _ASYNC_CALLS and ret >= _DEVICE_FAILURES  # a failure of the task, not the call
     if ret != ACL_SUCCESS:
         _state.error.message = f"fake: injected failure of {name}"
         if not deferred:
-            return _failure(shape, ret)
+            return _failure(wrapper, ret)
     hang = _take_hang(name, device)
     if hang and name == "acl.rt.synchronize_stream_with_timeout":
         _stream(args[0]).stuck = True
@@ -561,18 +718,16 @@ def _invoke(name: str, shape: str, function, args):
         value = function(*args)
     except _Fail as failure:
         _state.error.message = f"fake {name}: {failure}"
-        return _failure(shape, failure.ret)
+        return _failure(wrapper, failure.ret)
     if name in _ASYNC_CALLS and (deferred or hang):
         stream = _state.streams[args[-1]]
         if deferred:
             call, _, model_id = stream.tasks.pop()
             stream.tasks.append((call, _failing(name, ret), model_id))
         stream.stuck = stream.stuck or hang
-    if shape == "ret":
-        return ACL_SUCCESS
-    if shape == "pair":
+    if len(wrapper.result) > 1:
         return value, ACL_SUCCESS
-    return value
+    return ACL_SUCCESS if value is None else value
 
 
 def _failing(name: str, ret: int):
@@ -697,7 +852,7 @@ def _run_tasks(stream: _Stream) -> int:
 # ---- acl ---------------------------------------------------------------------------------------
 
 
-@_api("acl.init", "ret")
+@_api("acl.init")
 def init(config_path: str | None = None):
     if _process.library is not None:
         ret = _process.library.aclInit(config_path.encode() if config_path else None)
@@ -712,7 +867,7 @@ def init(config_path: str | None = None):
     _process.initialized = True
 
 
-@_api("acl.finalize", "ret")
+@_api("acl.finalize")
 def finalize():
     if _process.library is not None:
         ret = _process.library.aclFinalize()
@@ -736,25 +891,32 @@ def get_recent_err_msg() -> str:
     return message
 
 
-@_api("acl.create_data_buffer", "handle")
+@_api("acl.get_soc_name")
+def get_soc_name():
+    """The chip's name, which ATC's --soc_version takes; needs no acl.init (CANN's example
+    tools/get_soc_version in hicann/runtime). The fake's names no real chip."""
+    return "FAKE_SOC"
+
+
+@_api("acl.create_data_buffer")
 def create_data_buffer(data: int, size: int):
     handle = _new_handle()
     _state.data_buffers[handle] = (data, size)
     return handle
 
 
-@_api("acl.destroy_data_buffer", "ret")
+@_api("acl.destroy_data_buffer")
 def destroy_data_buffer(data_buffer: int):
     if _state.data_buffers.pop(data_buffer, None) is None:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"no data buffer {data_buffer:#x}")
 
 
-@_api("acl.get_data_buffer_addr", "value")
+@_api("acl.get_data_buffer_addr")
 def get_data_buffer_addr(data_buffer: int):
     return _state.data_buffers.get(data_buffer, (0, 0))[0]
 
 
-@_api("acl.get_data_buffer_size_v2", "value")
+@_api("acl.get_data_buffer_size_v2")
 def get_data_buffer_size_v2(data_buffer: int):
     return _state.data_buffers.get(data_buffer, (0, 0))[1]
 
@@ -767,15 +929,15 @@ get_data_buffer_size = get_data_buffer_size_v2
 rt = types.ModuleType("acl.rt", "FAKE acl.rt (tests only)")
 
 
-@_api("acl.rt.set_device", "ret")
+@_api("acl.rt.set_device")
 def _set_device(device_id: int):
     _require_init()
-    if not isinstance(device_id, int) or device_id < 0:
+    if device_id < 0:  # an int already: PYACL's "i"
         raise _Fail(ACL_ERROR_RT_INVALID_DEVICEID, f"invalid device {device_id!r}")
     _state.devices[device_id] += 1
 
 
-@_api("acl.rt.reset_device", "ret")
+@_api("acl.rt.reset_device")
 def _reset_device(device_id: int):
     _require_init()
     if not _state.devices[device_id]:
@@ -788,7 +950,7 @@ def _reset_device(device_id: int):
     _state.devices[device_id] -= 1
 
 
-@_api("acl.rt.create_context", "pair")
+@_api("acl.rt.create_context")
 def _create_context(device_id: int):
     _require_init()
     if not _state.devices[device_id]:
@@ -799,7 +961,7 @@ def _create_context(device_id: int):
     return context
 
 
-@_api("acl.rt.set_context", "ret")
+@_api("acl.rt.set_context")
 def _set_context(context: int):
     _require_init()
     if context not in _state.contexts:
@@ -807,7 +969,7 @@ def _set_context(context: int):
     _state.thread.context = context
 
 
-@_api("acl.rt.destroy_context", "ret")
+@_api("acl.rt.destroy_context")
 def _destroy_context(context: int):
     _require_init()
     if context not in _state.contexts:
@@ -822,14 +984,14 @@ def _destroy_context(context: int):
         _state.thread.context = 0  # destroying the current context unbinds the thread
 
 
-@_api("acl.rt.create_stream", "pair")
+@_api("acl.rt.create_stream")
 def _create_stream():
     stream = _new_handle()
     _state.streams[stream] = _Stream(_require_context())
     return stream
 
 
-@_api("acl.rt.destroy_stream", "ret")
+@_api("acl.rt.destroy_stream")
 def _destroy_stream(stream: int):
     """Waits for the stream's tasks to finish, then destroys it."""
     _require_context()
@@ -840,7 +1002,7 @@ def _destroy_stream(stream: int):
     del _state.streams[stream]
 
 
-@_api("acl.rt.destroy_stream_force", "ret")
+@_api("acl.rt.destroy_stream_force")
 def _destroy_stream_force(stream: int):
     """Destroys the stream without waiting: its tasks are dropped."""
     _require_context()
@@ -848,7 +1010,7 @@ def _destroy_stream_force(stream: int):
     del _state.streams[stream]
 
 
-@_api("acl.rt.synchronize_stream", "ret")
+@_api("acl.rt.synchronize_stream")
 def _synchronize_stream(stream: int):
     _require_init()
     found = _stream(stream)
@@ -858,13 +1020,25 @@ def _synchronize_stream(stream: int):
         raise _Fail(ret, "a task of the stream failed")
 
 
-@_api("acl.rt.synchronize_stream_with_timeout", "ret")
+@_api("acl.rt.synchronize_stream_with_timeout")
 def _synchronize_stream_with_timeout(stream: int, timeout: int):
-    """timeout: -1 waits for ever (as synchronize_stream), > 0 milliseconds."""
+    """timeout: -1 waits for ever (as synchronize_stream), > 0 milliseconds; the rest is refused.
+
+    CANN's API reference allows only -1 and > 0 (hicann/runtime
+    docs/zh/api_ref/06_stream_management.md, aclrtSynchronizeStreamWithTimeout; pyACL's
+    synchronize_stream_with_timeout page says the same). acl_rt.h's comment calls 0 an immediate
+    check, but the implementation refuses it: below -1 in aclrtSynchronizeStreamWithTimeoutImpl
+    (src/acl/aclrt_impl/stream.cpp), after the stream is validated 0 too in
+    ApiErrorDecorator::StreamSynchronize (src/runtime/api/impl/api_error.cc, "greater than or equal
+    to -1 and not equal to 0"), both ACL_ERROR_RT_PARAM_INVALID (RT_ERROR_INVALID_VALUE's code in
+    src/runtime/core/src/common/errcode_manage.cc). A poll is acl.rt.stream_query.
+    """
     _require_init()
-    if timeout != -1 and timeout <= 0:
-        raise _Fail(ACL_ERROR_INVALID_PARAM, f"timeout {timeout!r} is neither -1 nor positive")
+    if timeout < -1:
+        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, f"timeout {timeout} is below -1")
     found = _stream(stream)
+    if timeout == 0:
+        raise _Fail(ACL_ERROR_RT_PARAM_INVALID, "timeout 0 is refused (greater than or equal to -1 and not equal to 0)")
     if found.stuck:
         if timeout == -1:
             raise _Block(_state.released)
@@ -873,18 +1047,18 @@ def _synchronize_stream_with_timeout(stream: int, timeout: int):
         raise _Fail(ret, "a task of the stream failed")
 
 
-@_api("acl.rt.malloc", "pair")
+@_api("acl.rt.malloc")
 def _malloc(size: int, policy: int):
     _require_context()
     if size <= 0 or policy not in (0, 1, 2):
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"malloc({size}, {policy})")
-    address = _state.address("device", size)
+    address = _state.device_address(size)
     _state.regions[address] = _Region("device", memoryview(bytearray(size)))
     _state.mallocs.append((address, size, policy))
     return address
 
 
-@_api("acl.rt.free", "ret")
+@_api("acl.rt.free")
 def _free(address: int):
     _require_context()
     region = _state.regions.get(address)
@@ -893,24 +1067,46 @@ def _free(address: int):
     del _state.regions[address]
 
 
-@_api("acl.rt.malloc_host", "pair")
+@_api("acl.rt.malloc_host")
 def _malloc_host(size: int):
-    """Pinned host memory, 64-byte aligned; its content is not initialised (the fake: zeros)."""
+    """Pinned host memory at a real address, 64-byte aligned: WrapAclRtMallocHost returns the pointer
+    aclrtMallocHost gave (rt/rt_memory.cpp), so a view made of the address alone (ctypes) works as
+    with real pyACL. Its content is not initialised (the fake: zeros)."""
     _require_context()
     if size <= 0:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"malloc_host({size})")
-    address = _state.address("host", size)
-    _state.regions[address] = _Region("host", memoryview(bytearray(size)), pinned=True)
+    memory = bytearray(size + _ALIGNMENT)
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(memory)) % _ALIGNMENT
+    view = memoryview(memory)[start : start + size]  # an export: the bytearray cannot move now
+    address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    _state.regions[address] = _Region("host", view, pinned=True)
     return address
 
 
-@_api("acl.rt.free_host", "ret")
+@_api("acl.rt.free_host")
 def _free_host(address: int):
     _require_init()
     region = _state.regions.get(address)
     if region is None or not region.pinned:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"{address!r} is not an acl.rt.malloc_host allocation")
     del _state.regions[address]
+    _poison(region)
+
+
+#: The byte freed pinned memory is filled with: NaN in floats, -1 in integers.
+POISON = 0xFF
+
+
+def _poison(region: _Region) -> None:
+    """A use of a view of freed pinned memory fails clearly. Real pyACL's ptr_to_numpy array does not
+    own its memory (WrapPtrToNumpy passes the module as its base, util/numpy_convert.cpp), so after
+    acl.rt.free_host it points at memory given back: a crash, or someone else's data. The fake's
+    views turn read-only (writes raise), the memory reads POISON, and it is kept, never reused."""
+    region.memory[:] = bytes([POISON]) * len(region.memory)
+    for view in (ref() for ref in region.views):
+        if view is not None:
+            view.flags.writeable = False
+    _state.freed.append(region)
 
 
 def _copy_between(dst: int, dest_max: int, src: int, count: int, kind: int) -> tuple[memoryview, memoryview, _Region]:
@@ -935,14 +1131,14 @@ def _copy_between(dst: int, dest_max: int, src: int, count: int, kind: int) -> t
     return target.memory[at : at + count], source.memory[frm : frm + count], host
 
 
-@_api("acl.rt.memcpy", "ret")
+@_api("acl.rt.memcpy")
 def _memcpy(dst: int, dest_max: int, src: int, count: int, kind: int):
     _require_context()
     target, source, _ = _copy_between(dst, dest_max, src, count, kind)
     target[:] = source
 
 
-@_api("acl.rt.memcpy_async", "ret")
+@_api("acl.rt.memcpy_async")
 def _memcpy_async(dst: int, dest_max: int, src: int, count: int, kind: int, stream: int):
     found = _current_stream(stream)
     target, source, host = _copy_between(dst, dest_max, src, count, kind)
@@ -957,7 +1153,7 @@ def _memcpy_async(dst: int, dest_max: int, src: int, count: int, kind: int, stre
     found.tasks.append(("acl.rt.memcpy_async", copy, None))
 
 
-@_api("acl.rt.get_device_utilization_rate", "pair")
+@_api("acl.rt.get_device_utilization_rate")
 def _get_device_utilization_rate(device_id: int):
     _require_init()
     if not _state.devices[device_id]:
@@ -990,17 +1186,15 @@ util = types.ModuleType("acl.util", "FAKE acl.util (tests only)")
 
 
 def _host_address(owner: object, memory: memoryview) -> int:
-    """A stable fake address for host memory (same memory, same address, as with pointers)."""
-    real = np.frombuffer(memory, dtype=np.uint8).ctypes.data if len(memory) else id(owner)
-    key = (real, len(memory))
-    if key not in _state.host_addresses:
-        address = _state.address("host", len(memory))
-        _state.host_addresses[key] = address
+    """The real address of host memory, as pyACL's PyArray_BYTES / PyBytes_AsString give it."""
+    address = np.frombuffer(memory, dtype=np.uint8).ctypes.data if len(memory) else id(owner)
+    known = _state.regions.get(address)
+    if known is None or len(known.memory) < len(memory):
         _state.regions[address] = _Region("host", memory, owner)
-    return _state.host_addresses[key]
+    return address
 
 
-@_api("acl.util.numpy_to_ptr", "value")
+@_api("acl.util.numpy_to_ptr")
 def _numpy_to_ptr(array):
     warnings.warn(
         "acl.util.numpy_to_ptr will be deprecated. Please use acl.util.bytes_to_ptr instead.",
@@ -1014,7 +1208,7 @@ def _numpy_to_ptr(array):
     return _host_address(array, memoryview(array.reshape(-1).view(np.uint8)))
 
 
-@_api("acl.util.ptr_to_numpy", "value")
+@_api("acl.util.ptr_to_numpy")
 def _ptr_to_numpy(address: int, shape: tuple, npy_type: int):
     """A writable array over the memory at `address` (no copy), as pyACL's WrapPtrToNumpy builds it."""
     warnings.warn(
@@ -1022,24 +1216,30 @@ def _ptr_to_numpy(address: int, shape: tuple, npy_type: int):
         Warning,
         stacklevel=3,
     )
-    if not isinstance(shape, tuple) or not all(isinstance(d, int) for d in shape):
-        raise ValueError("acl.util.ptr_to_numpy args parse failed")  # PyArg_ParseTuple "kOi", a tuple of ints
+    # WrapPtrToNumpy: PyTuple_Size of anything but a tuple fails, "shape is empty"; each dim must
+    # pass PyObject_TypeCheck(PyLong_Type) (a Python int or bool, not a numpy integer).
+    if not isinstance(shape, tuple):
+        raise ValueError("shape is empty")
+    if not all(isinstance(d, int) for d in shape):
+        raise TypeError("the second argument is not list of int")
     dtype = _NPY_TYPES[npy_type]
     count = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     region, offset = _resolve(address, count)
     if region is None:  # the real one would read whatever is there
         raise ValueError(f"fake acl: no memory of {count} bytes at {address:#x}")
-    return np.frombuffer(region.memory[offset : offset + count], dtype=dtype).reshape(shape)
+    view = np.frombuffer(region.memory[offset : offset + count], dtype=dtype).reshape(shape)
+    region.views.append(weakref.ref(view))
+    return view
 
 
-@_api("acl.util.bytes_to_ptr", "value")
+@_api("acl.util.bytes_to_ptr")
 def _bytes_to_ptr(data):
     if not isinstance(data, bytes):  # the real one checks PyBytes_Check too
         raise ValueError("needs an byte as argument")
     return _host_address(data, memoryview(data))
 
 
-@_api("acl.util.ptr_to_bytes", "value")
+@_api("acl.util.ptr_to_bytes")
 def _ptr_to_bytes(address: int, size: int):
     return fake_read(address, size)
 
@@ -1055,7 +1255,7 @@ util.ptr_to_bytes = _ptr_to_bytes
 mdl = types.ModuleType("acl.mdl", "FAKE acl.mdl (tests only)")
 
 
-@_api("acl.mdl.load_from_file", "pair")
+@_api("acl.mdl.load_from_file")
 def _load_from_file(path: str):
     context = _require_context()
     try:
@@ -1073,7 +1273,7 @@ def _load_from_file(path: str):
     return model_id
 
 
-@_api("acl.mdl.unload", "ret")
+@_api("acl.mdl.unload")
 def _unload(model_id: int):
     _require_context()
     _model(model_id)
@@ -1082,14 +1282,14 @@ def _unload(model_id: int):
     del _state.models[model_id]
 
 
-@_api("acl.mdl.create_desc", "handle")
+@_api("acl.mdl.create_desc")
 def _create_desc():
     desc = _new_handle()
     _state.descs[desc] = None
     return desc
 
 
-@_api("acl.mdl.get_desc", "ret")
+@_api("acl.mdl.get_desc")
 def _get_desc(desc: int, model_id: int):
     _require_init()
     _model(model_id)
@@ -1098,7 +1298,7 @@ def _get_desc(desc: int, model_id: int):
     _state.descs[desc] = model_id
 
 
-@_api("acl.mdl.destroy_desc", "ret")
+@_api("acl.mdl.destroy_desc")
 def _destroy_desc(desc: int):
     if desc not in _state.descs:
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"no desc {desc!r}")
@@ -1106,15 +1306,17 @@ def _destroy_desc(desc: int):
 
 
 def _query(name: str, pick):
-    """A description query returning a bare value; 0 (like the C API) for a bad desc/index."""
+    """A description query returning a bare value; for a bad desc/index what the C API returns
+    (0, "" for a name, ACL_DT_UNDEFINED for a data type: PYACL's `failed`)."""
+    failed = 0 if PYACL[name].failed is None else PYACL[name].failed
 
     def query(desc: int, index: int):
         try:
             return pick(_described(desc), index)
         except (_Fail, IndexError):
-            return 0
+            return failed
 
-    return _api(name, "value")(query)
+    return _api(name)(query)
 
 
 def _dims(which: str):
@@ -1126,15 +1328,37 @@ def _dims(which: str):
         tensor = tensors[index]
         # Real pyACL: input dims keep -1 for a dynamic batch; output dims give the largest gear.
         reported = list(tensor["dims"]) if which == "input" else model.dims(tensor)
-        return {"name": tensor["name"], "dimCount": len(reported), "dims": reported}
+        name = _dims_name(model, _state.descs[desc], which, index)
+        return {"name": name, "dimCount": len(reported), "dims": reported}
 
-    return _api(f"acl.mdl.get_{which}_dims", "pair")(dims)
+    return _api(f"acl.mdl.get_{which}_dims")(dims)
 
 
-mdl.get_num_inputs = _api("acl.mdl.get_num_inputs", "value")(
+def _dims_name(model: _Model, model_id: int, which: str, index: int) -> str:
+    """The name in aclmdlIODims. One longer than 127 characters does not fit its char[128]
+    (ACL_MAX_TENSOR_NAME_LEN, acl_mdl.h): it reads acl_modelId_<model id>_<input|output>_<index>,
+    with _a.._z, then _aa.._zzz, added when a tensor of the model already has that name
+    (GetTensorDescNameToDims, GetConvertTensorName and TransConvertTensorNameToLegal in hicann/ge
+    api/acl/acl_model/model/model_common.cpp; documented on aclmdlGetInputDims/aclmdlGetOutputDims,
+    CANN 9.0 API reference aclcppdevg_03_1455). aclmdlGet{Input,Output}NameByIndex keep the real one."""
+    real = (model.inputs if which == "input" else model.outputs)[index]["name"]
+    if len(real) <= 127:
+        return real
+    taken = {t["name"] for t in model.inputs + model.outputs}
+    converted = f"acl_modelId_{model_id}_{which}_{index}"
+    if converted not in taken:
+        return converted
+    for length in (1, 2, 3):
+        for letters in itertools.product(string.ascii_lowercase, repeat=length):
+            if (candidate := f"{converted}_{''.join(letters)}") not in taken:
+                return candidate
+    return converted  # TransConvertTensorNameToLegal gives up after three letters
+
+
+mdl.get_num_inputs = _api("acl.mdl.get_num_inputs")(
     lambda desc: len(_described(desc).inputs) if _state.descs.get(desc) in _state.models else 0
 )
-mdl.get_num_outputs = _api("acl.mdl.get_num_outputs", "value")(
+mdl.get_num_outputs = _api("acl.mdl.get_num_outputs")(
     lambda desc: len(_described(desc).outputs) if _state.descs.get(desc) in _state.models else 0
 )
 mdl.get_input_size_by_index = _query(
@@ -1157,7 +1381,7 @@ mdl.get_input_dims = _dims("input")
 mdl.get_output_dims = _dims("output")
 
 
-@_api("acl.mdl.get_input_index_by_name", "pair")
+@_api("acl.mdl.get_input_index_by_name")
 def _get_input_index_by_name(desc: int, name: str):
     for index, tensor in enumerate(_described(desc).inputs):
         if tensor["name"] == name:
@@ -1165,20 +1389,20 @@ def _get_input_index_by_name(desc: int, name: str):
     raise _Fail(ACL_ERROR_INVALID_PARAM, f"no input named {name!r}")
 
 
-@_api("acl.mdl.get_dynamic_batch", "pair")
+@_api("acl.mdl.get_dynamic_batch")
 def _get_dynamic_batch(desc: int):
     gears = _described(desc).gears
     return {"batchCount": len(gears), "batch": list(gears)}
 
 
-@_api("acl.mdl.create_dataset", "handle")
+@_api("acl.mdl.create_dataset")
 def _create_dataset():
     dataset = _new_handle()
     _state.datasets[dataset] = []
     return dataset
 
 
-@_api("acl.mdl.add_dataset_buffer", "pair")
+@_api("acl.mdl.add_dataset_buffer")
 def _add_dataset_buffer(dataset: int, data_buffer: int):
     if dataset not in _state.datasets or data_buffer not in _state.data_buffers:
         raise _Fail(ACL_ERROR_INVALID_PARAM, "unknown dataset or data buffer")
@@ -1186,18 +1410,18 @@ def _add_dataset_buffer(dataset: int, data_buffer: int):
     return dataset
 
 
-@_api("acl.mdl.get_dataset_num_buffers", "value")
+@_api("acl.mdl.get_dataset_num_buffers")
 def _get_dataset_num_buffers(dataset: int):
     return len(_state.datasets.get(dataset, ()))
 
 
-@_api("acl.mdl.get_dataset_buffer", "value")
+@_api("acl.mdl.get_dataset_buffer")
 def _get_dataset_buffer(dataset: int, index: int):
     buffers = _state.datasets.get(dataset, ())
     return buffers[index] if 0 <= index < len(buffers) else 0
 
 
-@_api("acl.mdl.destroy_dataset", "ret")
+@_api("acl.mdl.destroy_dataset")
 def _destroy_dataset(dataset: int):
     # Like the real one, this leaves the data buffers to acl.destroy_data_buffer.
     if _state.datasets.pop(dataset, None) is None:
@@ -1228,7 +1452,7 @@ def _buffer_memory(model: _Model, dataset: int, tensors: list[dict]) -> list[mem
     return views
 
 
-@_api("acl.mdl.set_dynamic_batch_size", "ret")
+@_api("acl.mdl.set_dynamic_batch_size")
 def _set_dynamic_batch_size(model_id: int, dataset: int, index: int, batch_size: int):
     _require_context()
     model = _model(model_id)
@@ -1263,7 +1487,10 @@ def _execution(model_id: int, input_dataset: int, output_dataset: int):
             count = model.size(given)
             if rows is not None:
                 count = count // model.gears[-1] * rows  # only the rows of the gear run
-            if given["dtype"] == made["dtype"]:
+            if model.relu:  # the host check's model (tools/check_ascend_host.py, check 7)
+                values = np.frombuffer(source[:count], dtype=NUMPY_TYPES[given["dtype"]])
+                target[:count] = np.maximum(values, 0).astype(NUMPY_TYPES[made["dtype"]]).tobytes()
+            elif given["dtype"] == made["dtype"]:
                 target[:count] = source[:count]
             else:  # ATC --output_type: the output is cast
                 values = np.frombuffer(source[:count], dtype=NUMPY_TYPES[given["dtype"]])
@@ -1273,12 +1500,12 @@ def _execution(model_id: int, input_dataset: int, output_dataset: int):
     return execute
 
 
-@_api("acl.mdl.execute", "ret")
+@_api("acl.mdl.execute")
 def _execute(model_id: int, input_dataset: int, output_dataset: int):
     _execution(model_id, input_dataset, output_dataset)()
 
 
-@_api("acl.mdl.execute_async", "ret")
+@_api("acl.mdl.execute_async")
 def _execute_async(model_id: int, input_dataset: int, output_dataset: int, stream: int):
     found = _current_stream(stream)
     found.tasks.append(("acl.mdl.execute_async", _execution(model_id, input_dataset, output_dataset), model_id))
@@ -1299,3 +1526,18 @@ mdl.destroy_dataset = _destroy_dataset
 mdl.set_dynamic_batch_size = _set_dynamic_batch_size
 mdl.execute = _execute
 mdl.execute_async = _execute_async
+
+
+def _without(name: str) -> None:
+    namespace, _, attribute = name.rpartition(".")
+    owner = {"acl.rt": rt, "acl.mdl": mdl, "acl.util": util}.get(namespace)
+    if owner is None:
+        del globals()[attribute]
+    else:
+        delattr(owner, attribute)
+
+
+# A pyACL that lacks calls, FAKE_ACL_WITHOUT="acl.util.ptr_to_numpy,...": an older one, or a newer one
+# without what it documents as "will be deprecated" (util/numpy_convert.cpp: ptr_to_numpy, numpy_to_ptr).
+for _name in filter(None, os.environ.get("FAKE_ACL_WITHOUT", "").split(",")):
+    _without(_name.strip())

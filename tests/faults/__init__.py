@@ -9,6 +9,7 @@ admits, a device error through the FAKE pyACL module. Each module's docstring li
 | fault | answer | module |
 | --- | --- | --- |
 | SIGTERM under load | unready at once, live; new requests 503 / UNAVAILABLE; every accepted request answered; exit 0 within `--shutdown_timeout_s` | test_shutdown |
+| SIGTERM under clients that open a connection per request | each connection the kernel accepted answered 200 or 503 before the HTTP port closes, the later ones refused: none reset | test_shutdown |
 | a request still running at the shutdown timeout | 503 / UNAVAILABLE "not answered within the shutdown timeout"; exit 0 | test_shutdown |
 | HTTP, gRPC or metrics port busy; a second server on our gRPC port | exit 1 with one line naming the port, no traceback | test_ports |
 | relative `--model_dir` (poll, none, explicit) | serves; poll mode loads what is copied in | test_paths |

@@ -3,12 +3,15 @@
 - SIGTERM under a closed loop of 32 clients (REST and gRPC) -> at once unready (REST, gRPC, the models) and
   still live; a new request refused, 503 {"error": "...shutting down..."} / UNAVAILABLE, or its connection
   refused once the ports have closed; every request accepted before answered 200; the process exits 0.
+- SIGTERM under 32 clients that open a connection per request -> every connection the kernel accepted is
+  answered, 200 or 503, or refused before it is accepted: none is reset when the HTTP port closes.
 - a request still executing, or queued, at --shutdown_timeout_s -> failed 503 / UNAVAILABLE "...not answered
   within the shutdown timeout"; the process exits 0, not held by the device call that never returns.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import threading
@@ -186,6 +189,62 @@ def test_sigterm_under_load_answers_every_accepted_request_and_refuses_the_rest(
     assert [end for end in ends if end != "refused"] == []  # every client ran until refused, and lost nothing
     assert min(answers) >= 2
     assert held_outcome == "answered" and held_answer["outputs"][0]["data"] == [-1.0] * 4  # accepted before SIGTERM
+    assert "Traceback" not in server.output()
+
+
+def connecting_client(port: int, value: float, answers: list[int], index: int, stop: threading.Event) -> list[str]:
+    """A closed loop of requests each on a new connection (http.client), until its connection is refused: the
+    outcome of each after the first refusal by 503."""
+    outcomes: list[str] = []
+    while not stop.is_set():
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("POST", "/v2/models/sim/infer", body(value), {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            answer = json.loads(response.read())
+        except ConnectionRefusedError:
+            return [*outcomes, "refused"]
+        except (OSError, http.client.HTTPException) as error:  # reset, broken pipe, an empty reply
+            outcomes.append(f"lost: {error!r}")
+            continue
+        finally:
+            connection.close()
+        if response.status == 200 and answer["outputs"][0]["data"] == [value] * 4:
+            answers[index] += 1
+            if outcomes:
+                outcomes.append("answered")
+        elif response.status == 503 and "shutting down" in answer["error"]:
+            outcomes.append("503")
+        else:
+            outcomes.append(f"lost: {response.status} {answer}")
+    return [*outcomes, "stopped by the test"]
+
+
+@WORKERS
+def test_sigterm_resets_no_connection_of_clients_connecting_per_request(tmp_path, workers):
+    """The kernel accepts connections into the HTTP port's queue until it closes, and resets those still
+    queued then (each SO_REUSEPORT socket's own, with --workers): the server empties the queue first."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    copy_model("sim", repository)
+    server = start_server(repository, tmp_path / "server.log", "--shutdown_timeout_s", "10", workers=workers)
+    stop = threading.Event()
+    answers = [0] * CLIENTS
+    pool = futures.ThreadPoolExecutor(CLIENTS)
+    try:
+        clients = [pool.submit(connecting_client, server.http_port, float(i), answers, i, stop) for i in range(CLIENTS)]
+        wait_for(lambda: min(answers) >= 2, "every client answered twice")
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=10 + EXIT_MARGIN_S) == 0
+        ends = [client.result(timeout=60) for client in clients]
+    finally:
+        stop.set()
+        stop_server(server)
+        pool.shutdown()
+    # Each client went on connecting until refused, its requests answered or refused meanwhile: none lost.
+    assert [outcome for outcomes in ends for outcome in outcomes if outcome.startswith("lost")] == []
+    assert [outcomes[-1] for outcomes in ends] == ["refused"] * CLIENTS
+    assert sum(outcomes.count("503") for outcomes in ends) > 0  # it connected while the server drained
     assert "Traceback" not in server.output()
 
 

@@ -145,7 +145,8 @@ class DynamicBatcher(RequestScheduler):
             self._loop = loop = asyncio.get_running_loop()
         if self.execution_timeout_s and (self._watchdog is None or self._watchdog.done()):
             # In a context of its own: it outlives the request that starts it, whose id is not its own.
-            self._watchdog = loop.create_task(self._watch(), context=contextvars.Context())
+            # (Created inside an empty context, which the task copies: create_task's context= is 3.11+.)
+            self._watchdog = contextvars.Context().run(loop.create_task, self._watch())
         inputs = request.inputs
         # Requests batch together only when they have the same inputs, of the same shapes past the batch dimension.
         shape_key = tuple((name, array.shape[1:]) for name, array in inputs.items()) if self.queue.batches else ()

@@ -18,10 +18,12 @@ exclusively).
 
 Shutdown goes as in one process (`lifecycle`), the frontends being the edges: they go on
 accepting and answer new requests 503 while the engine answers every request it accepted;
-then the engine closes its copies of the HTTP sockets and tells every frontend to stop: each
-stops accepting, writes the answers it has, and exits; then the engine releases the models
-and exits. A frontend that exits otherwise is started again (its clients' connections fail;
-the other frontends serve on); one that cannot start at all stops the server.
+then the engine holds new connections off the HTTP sockets, waits until the frontends have
+accepted every connection queued on them (`listeners`: Linux resets those still queued when a
+socket closes), closes its copies and tells every frontend to stop: each stops accepting,
+writes the answers it has, and exits; then the engine releases the models and exits. A
+frontend that exits otherwise is started again (its clients' connections fail; the other
+frontends serve on); one that cannot start at all stops the server.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import tempfile
 from typing import Any, Callable
 
 from ...core.models.repository import Repository
-from .. import ports
+from .. import listeners, ports
 from ..dataplane.local import LocalDataPlane
 from ..lifecycle import STOP_SIGNALS, Lifecycle
 from ..observability import metrics
@@ -104,11 +106,14 @@ class Engine:
         """Their REST answers close their connections from now on."""
         self._broadcast(messages.Stopping())
 
-    def stop_serving(self, grace: float) -> None:
-        """Stops accepting (the HTTP sockets close once the frontends close theirs), then every frontend."""
+    async def stop_serving(self, grace: float) -> None:
+        """Stops accepting, with nothing left queued (`listeners`: closing resets what is), then every frontend (the
+        HTTP sockets close once the frontends close theirs)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        await listeners.drain(self.http_sockets, grace / 2)
         for sock in self.http_sockets:
             sock.close()
-        deadline = asyncio.get_running_loop().time() + grace
         for member in self.frontends:
             member.stop(deadline)
 

@@ -73,4 +73,4 @@ class Frontend:
         if self._stopping and not now:
             return
         self._stopping = True
-        self.server.stop_serving(EDGES_STOP_S if now else self.server.grace_period)
+        self.server.stop_edges(EDGES_STOP_S if now else self.server.grace_period)

@@ -20,8 +20,10 @@ stream and waits once, with a timeout, for all of them.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import importlib
 import logging
+import re
 import threading
 import warnings
 from collections import Counter
@@ -32,6 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .. import npu_access
 from ...config import execution_timeout_s
 from ...datatypes import from_numpy, to_numpy
 from ...errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
@@ -45,6 +48,7 @@ ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2
+INT32_MAX = 2**31 - 1
 
 #: Return codes after which the context that saw them is not trusted again: the device stopped,
 #: faulted or lost a task (rt_error_codes.h, hicann/runtime
@@ -127,6 +131,7 @@ class _ProcessAcl:
     def join(self, acl: Any, device_id: int) -> None:
         with self._lock:
             if acl not in self._ready:
+                npu_access.warn_once()  # says which device node or driver library this user cannot open
                 _let_onnxruntime_initialise_acl(device_id)
                 ret = acl.init()
                 if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
@@ -174,6 +179,23 @@ _PROCESS_ACL = _ProcessAcl()
 atexit.register(_PROCESS_ACL.finalize_at_exit)
 
 
+def _host_view(acl: Any, address: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A writable numpy array over `address`'s host memory, no copy.
+
+    pyACL's acl.util.ptr_to_numpy does it, but says on each call that it "will be deprecated" in
+    favour of ptr_to_bytes (util/numpy_convert.cpp), which copies into an immutable `bytes`
+    (util/bytes_convert.cpp) and so can stage neither inputs nor outputs in place. Where it is gone,
+    ctypes makes the same view of the address.
+    """
+    to_numpy = getattr(acl.util, "ptr_to_numpy", None)
+    if to_numpy is not None:
+        with warnings.catch_warnings():  # "will be deprecated", on each call; one per buffer
+            warnings.simplefilter("ignore")
+            return to_numpy(address, shape, dtype.num)
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.frombuffer((ctypes.c_char * size).from_address(address), dtype).reshape(shape)
+
+
 def _recent_error(acl: Any) -> str:
     """ACL's own description of the last failure in this thread, when it has one."""
     try:
@@ -200,22 +222,35 @@ def _onnx_name(name: str) -> str:
     return parts[2] if len(parts) == 3 and parts[1].isdigit() else name
 
 
+def _network_index(name: str) -> int | None:
+    """The network output index in an Ascend Graph API output name `output_<i>_<operator>_<edge>`."""
+    found = re.fullmatch(r"output_(\d+)_.+_\d+", name)
+    return int(found[1]) if found else None
+
+
 def served_output_names(file_names: Sequence[str], config_names: Sequence[str]) -> list[str]:
     """The name each output of an `.om` file is served under.
 
-    ATC names the outputs of a model converted from ONNX `<operator>:<edge>:<output name>`, or
-    `<operator>:<edge>` when the conversion named output nodes (aclmdlGetOutputNameByIndex, CANN 8.0:
-    hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1457.html);
-    it keeps input names. So a file output is the config's output of the same name, else of the
-    name after its last ':'; when none matches either way and the config names as many outputs as
-    the file has, they pair in order (a config lists them in the ONNX model's order). A config that
-    names no outputs gets the ONNX names. An output no rule names keeps its file name, for the
-    config check to refuse.
+    aclmdlGetOutputNameByIndex names the outputs of a model ATC converted from ONNX
+    `<operator>:<edge>:<output name>`, or `<operator>:<edge>` when the conversion named output
+    nodes, and those of a model built with the Ascend Graph API `output_<network output
+    index>_<operator>_<edge>` (CANN 8.0 API reference, aclmdlGetOutputNameByIndex:
+    hiascend.com/document/detail/zh/CANNCommunityEdition/80RC3alpha003/apiref/appdevgapi/aclcppdevg_03_1457.html);
+    inputs keep their names. So a file output is the config's output of the same name, else of
+    the name after its last ':'; when none matches either way and the config names as many
+    outputs as the file has, they pair in order (a config lists them in the network's order), by
+    the index a Graph API name carries where every name carries one. A config that names no
+    outputs gets the ONNX names. An output no rule names keeps its file name, for the config
+    check to refuse. (The names are the real ones however long: aclmdlGetOutputDims would rename
+    one over 127 characters, acl_modelId_<id>_output_<i>, which changes with the load order.)
     """
     wanted = set(config_names)
     matched = [name if name in wanted else _onnx_name(name) if _onnx_name(name) in wanted else None
                for name in file_names]
     if config_names and not any(matched) and len(config_names) == len(file_names):
+        order = [_network_index(name) for name in file_names]
+        if None not in order and sorted(order) == list(range(len(order))):
+            return [config_names[i] for i in order]
         return list(config_names)
     if not config_names:
         matched = [_onnx_name(name) for name in file_names]
@@ -257,8 +292,9 @@ class AclRuntime(Runtime):
         super().__init__(Path(path), device_id, config)
         if not self.path.is_file():
             raise ModelLoadError(f"OM model file {self.path} not found")
-        # aclrtSynchronizeStreamWithTimeout takes whole milliseconds, -1 or more than 0.
-        self._timeout_ms = max(1, round(execution_timeout_s(config) * 1000))
+        # aclrtSynchronizeStreamWithTimeout takes whole milliseconds, -1 or more than 0, as a C int
+        # (pyACL parses it with "i": a larger number is a TypeError); 24.8 days is as good as for ever.
+        self._timeout_ms = min(INT32_MAX, max(1, round(execution_timeout_s(config) * 1000)))
         self._acl = acl if acl is not None else _import_acl()
         self._joined = False  # holds a reference on the process-wide ACL
         self._device_set = False
@@ -408,9 +444,7 @@ class AclRuntime(Runtime):
             # memory "may cause unpredictable errors"), and it is copied without a bounce.
             tensor.host_ptr = self._value("acl.rt.malloc_host", acl.rt.malloc_host(tensor.size))
             shape = (tensor.rows, *tensor.spec.shape[1:]) if tensor.rows else tensor.spec.shape
-            with warnings.catch_warnings():  # "will be deprecated", on each call; one per buffer
-                warnings.simplefilter("ignore")
-                tensor.host = acl.util.ptr_to_numpy(tensor.host_ptr, tuple(shape), tensor.dtype.num)
+            tensor.host = _host_view(acl, tensor.host_ptr, tuple(shape), tensor.dtype)
         self._input_dataset = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset())
         self._fill(self._input_dataset, self._slots)
         self._output_dataset = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset())

@@ -21,6 +21,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ...errors import InvalidInput, ModelLoadError
+from .. import compile_cache, npu_access
 from .base import Runtime, TensorSpec, parameter
 from .tiny_onnx import relu_model
 
@@ -70,7 +71,7 @@ CANN_OPTIONS: dict[str, _Values] = {
     "enable_cann_graph": _BOOLEAN,
     "dump_graphs": _BOOLEAN,
     # True by default: the provider saves each graph it compiles as an offline model (.om) in
-    # the working directory (aclgrphSaveModel, called on the first run with the stubs).
+    # the working directory, and loads it from there on a later run: core/execution/compile_cache.py.
     "dump_om_model": _BOOLEAN,
     "precision_mode": _STRING,
     "op_select_impl_mode": _STRING,
@@ -204,6 +205,13 @@ class OnnxRuntime(Runtime):
                 f"the installed onnxruntime {ort.__version__} has no {CANN}"
                 " (install kserve-ascend's 'ascend' extra, onnxruntime-cann, in place of the 'cpu' extra)"
             )
+        unusable = []  # why this process cannot open the NPU, added to a failure's reason
+        if wants_cann:
+            unusable = npu_access.warn_once()
+            try:  # the provider saves what it compiles in the working directory, which must be writable
+                compile_cache.enter(self.path, f"onnxruntime-{ort.__version__}")
+            except compile_cache.Unwritable as why:
+                raise _CannUnavailable(str(why)) from None
         try:
             session = _Session(str(self.path), options, providers=providers)
         except Exception as error:  # ORT raises its own exception types
@@ -211,7 +219,10 @@ class OnnxRuntime(Runtime):
                 raise ModelLoadError(f"onnxruntime cannot load {self.path.name}: {error}") from None
             if "provider option" in str(error):  # provider_options_utils.h: a value the provider refused
                 raise ModelLoadError(f"onnxruntime's CANN execution provider refuses its options: {error}") from None
-            raise _CannUnavailable(f"onnxruntime could not create {CANN} on device {self.device_id}: {error}{_library_error()}") from None
+            raise _CannUnavailable(
+                f"onnxruntime could not create {CANN} on device {self.device_id}: {error}{_library_error()}"
+                + "".join(f"; {problem}" for problem in unusable)
+            ) from None
         if wants_cann and session.get_providers()[0] != CANN:
             raise _CannUnavailable(f"onnxruntime created the session on {session.get_providers()} without {CANN}")
         return session
