@@ -164,10 +164,8 @@ class Engine:
     def read_frontends(self) -> None:
         """Handles what every frontend has sent so far, before statistics are read.
 
-        A frontend reports a request done as it writes the answer, and its messages leave with
-        its loop's iteration: before any call it makes (so a client that asks a frontend for
-        statistics after an answer from it finds the request counted) and, through another
-        frontend, as long as that iteration takes (microseconds unless it is busy serving).
+        A frontend reports a request done (`messages.Done`) before it writes the answer, so a
+        client that asks any frontend for statistics after its answer finds the request counted.
         """
         for member in self.frontends:
             if member.link is not None:

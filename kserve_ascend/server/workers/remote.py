@@ -62,8 +62,10 @@ class RemoteAnswer:
         self._start = now_ns()
 
     def __exit__(self, kind, error, traceback) -> None:
-        # Leaves with this loop iteration's other messages.
+        # Written to the engine before the edge writes the answer: statistics read through any frontend after a
+        # client had its answer count the request (the engine reads what its frontends sent before it answers).
         self._channel.send(messages.Done(self._call, now_ns() - self._start, kind is None))
+        self._channel.flush()
 
 
 class _Forwarded:
