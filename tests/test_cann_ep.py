@@ -29,7 +29,7 @@ import requests
 import yaml
 from onnx import TensorProto, helper
 
-from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, free_port, load_fake_acl, stop_server, wait_until
+from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, free_port, load_fake_acl, stop_server, wait_for
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.runtimes import onnx as onnx_runtime
 from kserve_ascend.core.runtimes.tiny_onnx import relu_model
@@ -190,7 +190,8 @@ def start_cann_server(python: Path, repository: Path, log: Path) -> Server:
         index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
         return len(index) == 2 and all(entry["state"] != "LOADING" for entry in index)
 
-    return wait_until(server, loaded, timeout=60)
+    wait_for(loaded, "both models tried", timeout=60, server=server)
+    return server
 
 
 # ---- with the stub CANN libraries: the provider loads ----------------------------------------

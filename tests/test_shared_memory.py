@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, triton_to_np_dtype
 
-from conftest import ROOT, copy_model, start_server, stop_server
+from conftest import ROOT, copy_model, start_server, stop_server, wait_for
 
 CONFORMANCE = ROOT / "conformance" / "models"
 #: Keys unique to this test process, so parallel runs never share a shared memory object.
@@ -92,10 +92,7 @@ def assert_released(server, key: str, model: str = "simple") -> None:
         assert_serves(server)
     else:
         assert requests.post(f"{server.url}/v2/models/{model}/infer", json=body).status_code == 200
-    deadline = time.monotonic() + 5
-    while mapped(server, key) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not mapped(server, key)
+    wait_for(lambda: not mapped(server, key), f"the server to unmap {key}", timeout=5, server=server)
 
 
 def assert_serves(server):

@@ -9,23 +9,13 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import copy_model, start_triton, stop_server
+from conftest import copy_model, infer, scrape, start_triton, statistics, stop_server, tensors
 
 MODELS = (
     "sim", "simple", "yolov8n", "yolov8n_detect", "yolov8_preprocess", "yolov8_postprocess",
     "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence", "sequence_accumulator",
 )
-
-
-def tensors(module, inputs: dict[str, np.ndarray]):
-    result = []
-    for name, array in inputs.items():
-        tensor = module.InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32"}[array.dtype.type])
-        tensor.set_data_from_numpy(array)
-        result.append(tensor)
-    return result
 
 
 def test_every_model_is_ready_in_triton(triton):
@@ -58,32 +48,24 @@ CASES = {
 def test_triton_and_kserve_give_the_same_outputs_over_http_and_grpc(triton, server, model):
     """One differential test driving both servers with the same inputs, over both protocols."""
     inputs = CASES[model](np.random.default_rng(11))
-    answers = []
-    for target in (triton, server):
-        with httpclient.InferenceServerClient(target.http) as client:
-            answers.append(client.infer(model, tensors(httpclient, inputs)))
-        with grpcclient.InferenceServerClient(target.grpc) as client:
-            answers.append(client.infer(model, tensors(grpcclient, inputs)))
-    names = [o["name"] for o in answers[0].get_response()["outputs"]]
-    reference = {name: answers[0].as_numpy(name) for name in names}
-    for answer in answers[1:]:
-        for name in names:
-            np.testing.assert_allclose(answer.as_numpy(name), reference[name], rtol=1e-5, atol=1e-6)
+    reference, *answers = [infer(target, model, inputs, protocol) for target in (triton, server) for protocol in ("http", "grpc")]
+    for answer in answers:
+        assert answer.keys() == reference.keys()
+        for name in reference:
+            np.testing.assert_allclose(answer[name], reference[name], rtol=1e-5, atol=1e-6)
     if model == "simple":
         np.testing.assert_array_equal(reference["OUTPUT0"], inputs["INPUT0"] + inputs["INPUT1"])
 
 
 def test_triton_dynamic_batcher_forms_batches_for_the_backend(triton):
     def call(index):
-        with grpcclient.InferenceServerClient(triton.grpc) as client:
-            data = np.full((1, 4), index, np.float32)
-            np.testing.assert_array_equal(client.infer("sim", tensors(grpcclient, {"INPUT0": data})).as_numpy("OUTPUT0"), data)
+        data = np.full((1, 4), index, np.float32)
+        np.testing.assert_array_equal(infer(triton, "sim", {"INPUT0": data}, "grpc")["OUTPUT0"], data)
 
-    with httpclient.InferenceServerClient(triton.http) as client:
-        before = client.get_inference_statistics("sim")["model_stats"][0]
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(call, range(32)))
-        after = client.get_inference_statistics("sim")["model_stats"][0]
+    before = statistics(triton, "sim")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(call, range(32)))
+    after = statistics(triton, "sim")
     inferences = after["inference_count"] - before["inference_count"]
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == 32
@@ -102,9 +84,7 @@ def test_a_bad_request_in_triton_fails_alone(triton):
 
 
 def test_triton_metrics_list_the_models(triton):
-    text = requests.get(f"http://127.0.0.1:{triton.metrics_port}/metrics").text
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    models = {s.labels["model"] for s in families["nv_inference_request_success"].samples}
+    models = set(scrape(triton).by("model", "nv_inference_request_success"))
     assert set(MODELS) <= models
 
 
