@@ -147,6 +147,9 @@ def test_suite_catches_a_deliberately_broken_server(tmp_path):
         "test_request_id_is_echoed",
         "test_model_metadata_shape",
         "test_metadata_names_each_datatype[FP32]",
+        # simple's values one more than they should be: cases that once checked only a version or sizes.
+        "test_infer_with_explicit_version",
+        "test_binary_data_output_request_parameter",
     ):
         assert results[case] == "fail", case
     # Behaviour the proxy leaves alone still passes: the failures above are the faults, not noise.
