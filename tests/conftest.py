@@ -99,6 +99,23 @@ def pytest_configure(config):
     harness.DEFAULT_WORKERS = config.getoption("--workers")
 
 
+#: Modules whose every test runs alone (marked `serial`: `make test` runs them after the others, one at a
+#: time), and why: what they check depends on the machine's time or CPU, or loads it. Single tests of
+#: the kind are marked in their own modules.
+SERIAL = {
+    "faults/test_loop.py": "times health probes (at most two of them 100 ms or more)",
+    "faults/test_overload.py": "1,000 connections at once, RSS bounded; refusals from the queue's predicted wait",
+    "faults/test_shutdown.py": "times the drain against --shutdown_timeout_s",
+    "test_perf_analyzer.py": "perf_analyzer's load",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Server:

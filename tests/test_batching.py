@@ -101,12 +101,14 @@ def test_preferred_batch_size_is_sent_without_waiting_for_more():
     assert runner.batches[0] == [1, 1, 1, 1]
 
 
+@pytest.mark.serial  # arrivals 30 ms apart: a stalled event loop would bunch them
 def test_queue_delay_bounds_the_wait_for_a_full_batch():
     # Requests 30 ms apart with a 5 ms delay never meet in one batch.
     runner = run_scheduler([1, 1, 1], delay_us=5_000, stagger=0.03)
     assert runner.batches == [[1], [1], [1]]
 
 
+@pytest.mark.serial  # arrivals and executions timed in tens of milliseconds
 def test_requests_left_over_while_busy_gather_the_next_arrivals():
     # Ten at t=0 and six at t=60 ms; executions take 50 ms, delay 20 ms. The two left out
     # of the first batch wait for the instance, then get a window of their own in which

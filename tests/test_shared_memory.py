@@ -344,6 +344,7 @@ def test_status_and_unregister_of_one_region(server, http, grpc):
         assert sorted(r["name"] for r in http.get_system_shared_memory_status()) == ["a", "b"]
 
 
+@pytest.mark.serial  # the inference is to be running 200 ms after it was sent, and unregistering to answer within 600 ms
 def test_unregister_during_inference_waits_for_it(server, http):
     """Unregistering a region an inference is using answers at once; the mapping goes when the inference ends."""
     data = np.arange(16, dtype=np.int32).reshape(1, 16)
