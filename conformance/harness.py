@@ -2,8 +2,8 @@
 
 tests/ starts kserve-ascend and real Triton with it (tests/conftest.py re-exports it beside the
 fixtures); `python -m conformance --serve` starts the server it checks with it (conformance/serve.py).
-It imports neither tests/ nor the suite's cases, and the cases do not import it: the suite still runs
-against any server (`python -m conformance --http HOST:PORT --grpc HOST:PORT`).
+It imports neither tests/ nor the suite's cases (which take from it only what runs against any server,
+as `python -m conformance --http HOST:PORT --grpc HOST:PORT` does: waiting).
 
 A target is anything with `.http` and `.grpc` (HOST:PORT) and `.url` (http://HOST:PORT): a
 `Server` started here, or the suite's `Target`.

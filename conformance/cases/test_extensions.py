@@ -7,6 +7,7 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 
+from conformance.harness import wait_for
 from conftest import assert_serves, simple_body
 
 
@@ -66,9 +67,18 @@ def test_repository_load_failure_is_4xx(url, case, requires):
 @pytest.mark.spec("Triton extension_statistics.md")
 def test_statistics_count_inferences(url, http, grpc, requires):
     requires("statistics")
-    before = http.get_inference_statistics("simple")["model_stats"][0]
+
+    def statistics() -> dict:
+        return http.get_inference_statistics("simple", "1")["model_stats"][0]
+
+    before = statistics()
     assert_serves(url)  # one inference, answered correctly
-    after = http.get_inference_statistics("simple", "1")["model_stats"][0]
+
+    def counted() -> dict | None:  # Triton records a request once its response is out: a moment after the answer
+        now = statistics()
+        return now if now["inference_stats"]["success"]["count"] > before["inference_stats"]["success"]["count"] else None
+
+    after = wait_for(counted, "the inference counted", timeout=10)
     assert (after["name"], after["version"]) == ("simple", "1")
     assert after["inference_count"] == before["inference_count"] + 1
     assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
