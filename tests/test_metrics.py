@@ -6,8 +6,7 @@ prometheus_client's own parser: the counts match the requests sent, on the HTTP 
 from __future__ import annotations
 
 import queue
-import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -16,7 +15,21 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import Metrics, copy_model, fake_acl_env, load_fake_acl, scrape, start_server, stop_server
+from conftest import (
+    Metrics,
+    copy_model,
+    fake_acl_env,
+    hold_executions,
+    json_body,
+    load_fake_acl,
+    post_infer,
+    release_executions,
+    scrape,
+    start_server,
+    stop_server,
+    wait_for,
+    write_faults,
+)
 from kserve_ascend.core.runtimes.acl import AclRuntime
 
 
@@ -86,24 +99,15 @@ def sent(metrics_server):
         for _ in range(6):
             succeeded("sim", 1)
 
-    # The slow model: watch the queue depth while one request runs and another waits.
-    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
-    depths = set()
+    # The slow model: four at once; one runs, at most one waits, the rest are refused.
+    body = json_body({"INPUT0": np.array([[1, 2, 3, 4]], np.float32)})
     with ThreadPoolExecutor(4) as pool:
-        calls = [pool.submit(requests.post, f"{server.url}/v2/models/slow/infer", json=body, timeout=30) for _ in range(4)]
-        while not all(call.done() for call in calls):
-            metrics = scrape(server, server.http_port)
-            depths.add((metrics("inference_queue_depth", model="slow"), metrics("nv_inference_pending_request_count", model="slow")))
-            time.sleep(0.05)
-        wait(calls)
-    statuses = [call.result().status_code for call in calls]
+        statuses = [answer.status_code for answer in pool.map(lambda _: post_infer(server, "slow", body), range(4))]
     for status in statuses:
         if status == 200:
             succeeded("slow", 1)
     seen["slow"]["rejected"] = statuses.count(503)
     assert sorted(set(statuses)) == [200, 503], statuses
-    assert all("Exceeds maximum queue size" in c.result().json()["error"] for c in calls if c.result().status_code == 503)
-    seen["slow"]["depths"] = depths
     return seen
 
 
@@ -159,10 +163,47 @@ def test_batch_size_histogram_reflects_batching(metrics, sent):
     assert simple[1.0] == simple[float("inf")] == sent["simple"]["success"]  # one at a time: batches of 1
 
 
-def test_queue_depth_counts_the_request_waiting_for_the_busy_instance(sent):
-    # (waiting, Triton's pending count) as scraped while the slow model ran: one waited, never more.
-    assert (1, 1) in sent["slow"]["depths"]
-    assert max(depth for depth, _ in sent["slow"]["depths"]) == 1
+@pytest.fixture(scope="module")
+def held_server(tmp_path_factory):
+    """`held`: an .om model on the FAKE pyACL, one request at a time, one more may wait; its executions can
+    be held in a device call (hold_executions)."""
+    repository = tmp_path_factory.mktemp("held_metrics_repo")
+    (repository / "held" / "1").mkdir(parents=True)
+    fake.fake_write_om(repository / "held" / "1" / "model.om", [("INPUT0", fake.ACL_FLOAT, [1, 4])])
+    (repository / "held" / "config.pbtxt").write_text(
+        'name: "held"\nbackend: "ascend"\nmax_batch_size: 1\ndynamic_batching { default_queue_policy { max_queue_size: 1 } }\n'
+    )
+    faults = repository.parent / "held_metrics_faults.json"
+    write_faults(faults, [])
+    server = start_server(repository, repository.parent / "held_metrics.log", env=fake_acl_env(faults))
+    server.faults = faults
+    yield server
+    stop_server(server)
+
+
+def test_queue_depth_counts_the_request_waiting_for_the_busy_instance(held_server):
+    """While one request executes (held in its device call) and one waits, the queue depth, and Triton's
+    pending count, are 1 (the executing one is not counted); a third request finds the queue full."""
+    server = held_server
+    body = json_body({"INPUT0": np.array([[1, 2, 3, 4]], np.float32)})
+
+    def depths() -> tuple[float, float]:
+        metrics = scrape(server, server.http_port)
+        return metrics("inference_queue_depth", model="held"), metrics("nv_inference_pending_request_count", model="held")
+
+    assert depths() == (0, 0)
+    with ThreadPoolExecutor(2) as pool:
+        hold_executions(server)
+        try:
+            calls = [pool.submit(post_infer, server, "held", body) for _ in range(2)]
+            wait_for(lambda: depths() == (1, 1), "one request executing, one waiting")
+            refused = post_infer(server, "held", body)
+        finally:
+            release_executions(server)
+        answers = [call.result() for call in calls]
+    assert refused.status_code == 503 and "Exceeds maximum queue size" in refused.json()["error"]
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert depths() == (0, 0)
 
 
 def test_statistics_extension_agrees_with_the_metrics(metrics_server, metrics):
