@@ -52,7 +52,7 @@ SERVER ?= kserve-ascend
 help:
 	@echo 'make serve        serve MODEL_DIR (model_repository) on HTTP_PORT 8080, GRPC_PORT 8081, METRICS_PORT 9090;'
 	@echo '                  SERVE_ARGS adds flags (kserve-ascend --help lists them). Installs only what serving needs.'
-	@echo 'make test         every test, against real servers (installs the test toolchain, ~10 min)'
+	@echo 'make test         every test, against real servers (installs the test toolchain, ~8 min)'
 	@echo 'make triton       real Triton 2.51 with the ascend backend on MODEL_DIR, ports 8000, 8001, 8002'
 	@echo 'make conformance  the OIP v2 conformance suite against a server it starts (SERVER=kserve-ascend or triton)'
 	@echo 'make bench        the benchmark against Triton, MLServer and stock KServe (~25 min; BENCH_ARGS=--quick: ~5 min)'
@@ -118,8 +118,14 @@ serve: $(SERVE_STAMP)
 	$(BIN)/python -m kserve_ascend --model_dir $(MODEL_DIR) --http_port $(HTTP_PORT) --grpc_port $(GRPC_PORT) \
 	  --metrics_port $(METRICS_PORT) $(SERVE_ARGS)
 
+# Two pytest runs: first the tests that wait on servers, two files at a time (pytest-xdist; a file's
+# servers start once, in its worker), then, alone, those marked `serial`, which load the machine or time
+# what it does (tests/conftest.py lists them). Both run whatever the first one's outcome.
 test: $(STAMP) $(CANN_STAMP) $(PERF_ANALYZER) $(SYSTEM_STAMP) $(STORAGE_INITIALIZER_STAMP)
-	$(BIN)/python -m pytest
+	status=0; \
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial" || status=$$?; \
+	$(BIN)/python -m pytest -m serial || status=$$?; \
+	exit $$status
 
 # On an Ascend host (CANN toolkit installed, set_env.sh sourced): CANN, pyACL, an NPU, the CANN
 # execution provider, and one model served through the real server, each with its fix.

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.serve import SERVERS, NotReady, served
+from conformance.harness import NotReady
+from conformance.serve import SERVERS, served
 
 CASES = Path(__file__).resolve().parent / "cases"
 #: build/ is not committed: a run never leaves the tree dirty.

@@ -1,8 +1,9 @@
 """A DELIBERATELY BROKEN OIP server for testing the conformance suite: it must catch these faults.
 
-A REST proxy in front of a correct server that breaks three behaviours on purpose:
-client errors come back as 500, the request `id` is dropped from infer responses, and
-model metadata reports the wrong shape for inputs. Everything else passes through.
+A REST proxy in front of a correct server that breaks four behaviours on purpose:
+client errors come back as 500, the request `id` is dropped from infer responses,
+model metadata reports the wrong shape for inputs, and every value `simple` answers (JSON
+or binary) is one more than it should be. Everything else passes through.
 
     python tests/broken_oip_server.py --upstream HOST:PORT --port PORT
 """
@@ -10,12 +11,24 @@ model metadata reports the wrong shape for inputs. Everything else passes throug
 import argparse
 
 import httpx
+import numpy as np
 import orjson
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+
+def one_more(body: bytes, header_length: int | None) -> bytes:
+    """`simple`'s answer with every value one more: its outputs are INT32, in JSON or after the header."""
+    if header_length is not None:
+        values = np.frombuffer(body[header_length:], np.int32) + 1
+        return body[:header_length] + values.tobytes()
+    payload = orjson.loads(body)
+    for output in payload["outputs"]:
+        output["data"] = [value + 1 for value in output.get("data", [])]
+    return orjson.dumps(payload)
 
 
 def build(upstream: str) -> Starlette:
@@ -31,10 +44,14 @@ def build(upstream: str) -> Starlette:
         path = request.url.path
         if path.endswith("/infer") and 400 <= status < 500:
             status = 500  # fault 1: client mistakes answered as server errors
-        elif path.endswith("/infer") and "inference-header-content-length" not in headers and status == 200:
-            payload = orjson.loads(body)
-            payload.pop("id", None)  # fault 2: the request id is not echoed
-            body = orjson.dumps(payload)
+        elif path.endswith("/infer") and status == 200:
+            binary = "inference-header-content-length" in headers
+            if path.startswith("/v2/models/simple/"):
+                body = one_more(body, int(headers["inference-header-content-length"]) if binary else None)  # fault 4
+            if not binary:
+                payload = orjson.loads(body)
+                payload.pop("id", None)  # fault 2: the request id is not echoed
+                body = orjson.dumps(payload)
         elif request.method == "GET" and path.count("/") == 3 and path.startswith("/v2/models/") and status == 200:
             payload = orjson.loads(body)
             for tensor in payload.get("inputs", []):

@@ -1,4 +1,9 @@
-"""Fixtures that start real server processes on free loopback ports."""
+"""Fixtures that start real server processes on free loopback ports, and what tests share besides.
+
+Starting, stopping, waiting for, calling and scraping a server are the harness's
+(conformance/harness.py, which the conformance suite uses too); they are re-exported here, so a
+test imports its helpers from one place.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,37 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import requests
 
-ROOT = Path(__file__).resolve().parent.parent
+from conformance import harness
+from conformance.harness import (  # noqa: F401  (re-exported for the tests)
+    ROOT,
+    Metrics,
+    NotReady,
+    Server,
+    alive,
+    command_line,
+    descendants,
+    executions_by_batch_size,
+    free_port,
+    infer,
+    json_body,
+    pending,
+    post_infer,
+    scrape,
+    start,
+    start_server,
+    start_triton,
+    statistics,
+    stop_server,
+    tensors,
+    until,
+    wait_for,
+)
+
 REPOSITORY = ROOT / "model_repository"
 #: The FAKE pyACL module: on a server's PYTHONPATH it is imported as `acl`.
 FAKE_ACL = ROOT / "tests" / "fake_acl"
@@ -59,44 +83,17 @@ def write_faults(path: Path, entries: list) -> None:
     temporary.replace(path)
 
 
-#: Every port `free_port` has handed out in this test run.
-_HANDED_OUT: set[int] = set()
+def hold_executions(server: Server) -> None:
+    """The next execution of a model on the FAKE pyACL blocks in its first device call
+    (acl.rt.set_context) until `release_executions`; `server.faults` is its fault-control file."""
+    write_faults(server.faults, [{"call": "acl.rt.set_context", "hang": True}])
+    scrape(server)  # an ACL call (device utilization): the fake reads its file and arms the hang now
 
 
-def free_port() -> int:
-    """A port free now, and never one this run handed out before: the kernel may give the same free
-    port to two calls in a row, and a server's HTTP, gRPC and metrics ports must differ."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen
-    http_port: int
-    grpc_port: int
-    log: Path
-    metrics_port: int = 0
-
-    @property
-    def http(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.http}"
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+def release_executions(server: Server) -> None:
+    """Ends the hang `hold_executions` armed: the held execution goes on, and the queue behind it."""
+    write_faults(server.faults, [{"release": True}])
+    scrape(server)  # an ACL call: the fake reads the release
 
 
 def pytest_addoption(parser):
@@ -106,113 +103,26 @@ def pytest_addoption(parser):
     )
 
 
-#: `pytest --workers N`: what `start_server` starts by default.
-WORKERS = 1
-
-
 def pytest_configure(config):
-    global WORKERS
-    WORKERS = config.getoption("--workers")
+    harness.DEFAULT_WORKERS = config.getoption("--workers")
 
 
-def start_server(
-    model_dir: Path, log: Path, *extra: str, env: dict | None = None, wait: str = "ready", workers: int | None = None
-) -> Server:
-    """Starts `python -m kserve_ascend` and waits until it is `wait`: "ready", "loaded" (the start-up load
-    has ended, a broken model's reason is in the index) or "live".
-
-    `workers` > 1: an engine process and that many frontend processes (`--workers`); by
-    default, what `pytest --workers N` asks (1: one process).
-    """
-    workers = WORKERS if workers is None else workers
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    command = [
-        sys.executable, "-m", "kserve_ascend",
-        "--model_dir", str(model_dir),
-        "--http_port", str(http_port),
-        "--grpc_port", str(grpc_port),
-        "--metrics_port", str(metrics_port),
-        *(("--workers", str(workers)) if workers > 1 else ()),
-        *extra,
-    ]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
-    server = Server(process, http_port, grpc_port, log, metrics_port)
-
-    def reached() -> bool:
-        if wait == "loaded":
-            index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
-            return all(entry["state"] != "LOADING" for entry in index)
-        return requests.get(f"{server.url}/v2/health/{wait}", timeout=1).status_code == 200
-
-    return wait_until(server, reached, timeout=60)
+#: Modules whose every test runs alone (marked `serial`: `make test` runs them after the others, one at a
+#: time), and why: what they check depends on the machine's time or CPU, or loads it. Single tests of
+#: the kind are marked in their own modules.
+SERIAL = {
+    "faults/test_loop.py": "times health probes (at most two of them 100 ms or more)",
+    "faults/test_overload.py": "1,000 connections at once, RSS bounded; refusals from the queue's predicted wait",
+    "faults/test_shutdown.py": "times the drain against --shutdown_timeout_s",
+    "test_perf_analyzer.py": "perf_analyzer's load",
+}
 
 
-def wait_until(server: "Server", condition, timeout: float) -> "Server":
-    """Polls `condition` until it holds; stops the server and raises if it exits or times out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"{server.process.args[1]} exited with {server.process.returncode}:\n{server.output()[-5000:]}")
-        try:
-            if condition():
-                return server
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    stop_server(server)
-    raise RuntimeError(f"{server.process.args[1]} did not become ready:\n{server.output()[-5000:]}")
-
-
-def stop_server(server: Server) -> None:
-    """SIGTERM, as Kubernetes stops a pod; then every process the server started must be gone too
-    (frontends of --workers, codec processes), or the test fails naming them."""
-    started = descendants(server.process.pid)
-    server.process.send_signal(signal.SIGTERM)
-    try:
-        server.process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
-    deadline = time.monotonic() + 10
-    while (left := [pid for pid in started if alive(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    named = [command_line(pid) for pid in left]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"the server left processes behind: {named}"
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes `pid` started, and the ones they started (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200]
-    except OSError:
-        return f"pid {pid} (gone)"
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, which only its new parent has yet to reap, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(scope="session")
@@ -232,24 +142,6 @@ def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path
         config.write_text(config.read_text().replace(f'name: "{name}"', f'name: "{new_name}"'))
     return target
 
-
-
-def start_triton(model_dir: Path, workdir: Path, *extra: str, wait_ready: bool = True) -> Server:
-    """Starts real Triton (tools/run_triton.py) with the `ascend` backend on free ports."""
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = workdir / "triton.log"
-    command = [
-        sys.executable, str(ROOT / "tools" / "run_triton.py"),
-        "--model-repository", str(model_dir),
-        "--backend-directory", str(workdir / "backends"),
-        "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-        "--", *extra,
-    ]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    triton = Server(process, http_port, grpc_port, log, metrics_port)
-    path = "/v2/health/ready" if wait_ready else "/v2/health/live"
-    return wait_until(triton, lambda: requests.get(triton.url + path, timeout=1).status_code == 200, timeout=120)
 
 
 def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -17,7 +18,22 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import copy_model, core_request, start_server, stop_server
+from conftest import (
+    core_request,
+    copy_model,
+    executions_by_batch_size,
+    fake_acl_env,
+    hold_executions,
+    infer,
+    load_fake_acl,
+    pending,
+    release_executions,
+    start_server,
+    statistics,
+    stop_server,
+    wait_for,
+    write_faults,
+)
 from kserve_ascend.core.scheduling.batcher import DynamicBatcher
 from kserve_ascend.core.scheduling.queue import BatchQueue
 from kserve_ascend.core.stats import VersionStats
@@ -88,12 +104,14 @@ def test_preferred_batch_size_is_sent_without_waiting_for_more():
     assert runner.batches[0] == [1, 1, 1, 1]
 
 
+@pytest.mark.serial  # arrivals 30 ms apart: a stalled event loop would bunch them
 def test_queue_delay_bounds_the_wait_for_a_full_batch():
     # Requests 30 ms apart with a 5 ms delay never meet in one batch.
     runner = run_scheduler([1, 1, 1], delay_us=5_000, stagger=0.03)
     assert runner.batches == [[1], [1], [1]]
 
 
+@pytest.mark.serial  # arrivals and executions timed in tens of milliseconds
 def test_requests_left_over_while_busy_gather_the_next_arrivals():
     # Ten at t=0 and six at t=60 ms; executions take 50 ms, delay 20 ms. The two left out
     # of the first batch wait for the instance, then get a window of their own in which
@@ -184,24 +202,54 @@ def test_concurrent_mixed_batches_get_their_own_rows_over_http_and_grpc(batching
             np.testing.assert_array_equal(got, want)
 
 
-def test_statistics_show_batches_formed_under_load(batching_server):
-    """Triton's statistics extension: inference_count counts rows, execution_count batches."""
-    def call(index):
-        with httpclient.InferenceServerClient(batching_server.http) as client:
-            tensor = httpclient.InferInput("INPUT0", [2, 4], "FP32")
-            tensor.set_data_from_numpy(np.full((2, 4), index, np.float32))
-            client.infer("sim", [tensor], model_version="1")
+#: The model whose executions the FAKE pyACL holds: one instance, up to 8 rows, every batch size a gear.
+HELD = "held"
 
-    with httpclient.InferenceServerClient(batching_server.http) as client:
-        before = client.get_inference_statistics("sim")["model_stats"][0]
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(call, range(16)))
-        after = client.get_inference_statistics("sim", "1")["model_stats"][0]
-    with grpcclient.InferenceServerClient(batching_server.grpc) as client:
-        grpc_after = client.get_inference_statistics("sim", as_json=True)["model_stats"][0]
-    assert after["inference_count"] - before["inference_count"] == 32
-    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 16
-    executions = after["execution_count"] - before["execution_count"]
-    assert executions < 16  # requests shared executions
-    assert all(b["batch_size"] <= 8 for b in after["batch_stats"])
-    assert int(grpc_after["inference_count"]) == after["inference_count"]
+
+@pytest.fixture(scope="module")
+def held_server(tmp_path_factory):
+    """An .om model on the FAKE pyACL with dynamic batching: its executions can be held in a device call
+    while requests queue, so which batches form does not depend on timing."""
+    fake_acl = load_fake_acl()
+    repository = tmp_path_factory.mktemp("held_repo")
+    (repository / HELD / "1").mkdir(parents=True)
+    fake_acl.fake_write_om(repository / HELD / "1" / "model.om", [("INPUT0", fake_acl.ACL_FLOAT, [-1, 4])], dynamic_batch=range(1, 9))
+    (repository / HELD / "config.pbtxt").write_text(
+        f'name: "{HELD}"\nbackend: "ascend"\nmax_batch_size: 8\ndynamic_batching {{ max_queue_delay_microseconds: 100000 }}\n'
+    )
+    faults = repository.parent / "held_faults.json"
+    write_faults(faults, [])
+    server = start_server(repository, repository.parent / "held.log", env=fake_acl_env(faults))
+    server.faults = faults
+    yield server
+    stop_server(server)
+
+
+def test_requests_queued_behind_a_held_execution_run_as_exactly_the_batches_expected(held_server):
+    """Two full requests (8 rows), one executing (held in its device call), the other queued; then, one
+    after the other, requests of 3, 3, 3, 1 and 4 rows queue. Released, the queue runs in order as full
+    batches: [8], [3, 3] (a third 3 would pass 8), [3, 1, 4]. Exactly three executions follow the held one,
+    and each caller gets its own rows."""
+    server = held_server
+    rows = [8, 8, 3, 3, 3, 1, 4]
+    data = [np.arange(count * 4, dtype=np.float32).reshape(count, 4) + 100 * index for index, count in enumerate(rows)]
+    before = statistics(server, HELD)
+    with ThreadPoolExecutor(len(rows)) as pool:
+        hold_executions(server)
+        try:
+            calls = [pool.submit(infer, server, HELD, {"INPUT0": data[index]}) for index in (0, 1)]
+            wait_for(lambda: pending(server, HELD) == 1, "one full request held in its execution, the other queued")
+            for index in range(2, len(rows)):
+                calls.append(pool.submit(infer, server, HELD, {"INPUT0": data[index]}))
+                wait_for(lambda: pending(server, HELD) == index, f"request {index} queued")
+        finally:
+            release_executions(server)
+        answers = [call.result(timeout=30)["INPUT0_out"] for call in calls]
+    for sent, answer in zip(data, answers):
+        np.testing.assert_array_equal(answer, sent)
+    after = statistics(server, HELD)
+    assert after["execution_count"] - before["execution_count"] == 4
+    assert after["inference_count"] - before["inference_count"] == sum(rows)
+    executed = Counter(executions_by_batch_size(after))
+    executed.subtract(executions_by_batch_size(before))
+    assert +executed == {8: 3, 6: 1}

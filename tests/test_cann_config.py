@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPOSITORY, ROOT, Server, free_port, stop_server, wait_until
+from conftest import REPOSITORY, ROOT, Server, free_port, infer, start, stop_server, tensors
 from kserve_ascend import cann_config
 from kserve_ascend.core.config import apply_input_shape, read_config
 from kserve_ascend.core.errors import ModelLoadError
@@ -28,19 +27,14 @@ def start_with_config(config: Path, log: Path, grpc_port: int | None = None, env
     """`python -m kserve_ascend --config <file>`, reached on the file's ports (gRPC's: the flag's, if given)."""
     ports = cann_config.load(config).server
     flags = ["--grpc_port", str(grpc_port)] if grpc_port else []
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "kserve_ascend", "--config", str(config), *flags],
-            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})},
-        )
-    http_port, grpc_port = ports.http_port, grpc_port or ports.grpc_port
-    server = Server(process, http_port, grpc_port, log, ports.metrics_port)
 
-    def loaded() -> bool:  # a model meant to fail keeps the server unready: wait until each has been tried
+    def loaded(server: Server) -> bool:  # a model meant to fail keeps the server unready: wait until each has been tried
         index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
         return bool(index) and all(e["state"] == "READY" or e["reason"] not in ("unloaded", "loading") for e in index)
 
-    return wait_until(server, loaded, timeout=90)
+    command = [sys.executable, "-m", "kserve_ascend", "--config", str(config), *flags]
+    return start(command, log, ports.http_port, grpc_port or ports.grpc_port, ports.metrics_port,
+                 name="kserve-ascend", ready=loaded, timeout=90, env=env)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +98,8 @@ def test_yaml_model_has_the_metadata_and_config_of_its_config_pbtxt(yaml_server,
 def test_yaml_model_answers_as_its_config_pbtxt_over_http_and_grpc(yaml_server, server):
     served, _ = yaml_server
     image = np.random.default_rng(7).random((1, 3, 640, 640), dtype=np.float32)
-    for client_module, address in ((httpclient, "http"), (grpcclient, "grpc")):
-        outputs = []
-        for target in (served, server):
-            client = client_module.InferenceServerClient(getattr(target, address))
-            tensor = client_module.InferInput("images", list(image.shape), "FP32")
-            tensor.set_data_from_numpy(image)
-            outputs.append(client.infer("yolov8n", [tensor]).as_numpy("output0"))
+    for protocol in ("http", "grpc"):
+        outputs = [infer(target, "yolov8n", {"images": image}, protocol)["output0"] for target in (served, server)]
         assert outputs[0].shape == (1, 84, 8400)
         np.testing.assert_array_equal(outputs[0], outputs[1])
 
@@ -120,15 +109,12 @@ def test_input_shape_is_batch_first_and_exact_without_dynamic_batching(yaml_serv
     rows of the other dimensions, as declared; without it the whole shape is exact, even for a file whose first
     dimension is variable (which a config without input_shape would batch)."""
     served, _ = yaml_server
-    client = httpclient.InferenceServerClient(served.http)
 
-    def infer(model: str, shape: tuple) -> tuple:
-        tensor = httpclient.InferInput("images", list(shape), "FP32")
-        tensor.set_data_from_numpy(np.zeros(shape, np.float32))
-        return client.infer(model, [tensor]).as_numpy("output0").shape
+    def output_shape(model: str, shape: tuple) -> tuple:
+        return infer(served, model, {"images": np.zeros(shape, np.float32)})["output0"].shape
 
-    assert infer("yolov8n", (2, 3, 640, 640)) == (2, 84, 8400)
-    assert infer("yolov8n_unbatched", (1, 3, 640, 640)) == (1, 84, 8400)
+    assert output_shape("yolov8n", (2, 3, 640, 640)) == (2, 84, 8400)
+    assert output_shape("yolov8n_unbatched", (1, 3, 640, 640)) == (1, 84, 8400)
     assert requests.get(f"{served.url}/v2/models/yolov8n_unbatched").json()["inputs"][0]["shape"] == [1, 3, 640, 640]
     refused = [
         ("yolov8n", (2, 3, 320, 320), "input 'images' has shape [2, 3, 320, 320], the model expects [-1, 3, 640, 640]"),
@@ -136,7 +122,7 @@ def test_input_shape_is_batch_first_and_exact_without_dynamic_batching(yaml_serv
     ]
     for model, shape, message in refused:
         with pytest.raises(InferenceServerException) as raised:
-            infer(model, shape)
+            output_shape(model, shape)
         assert raised.value.status() == "400" and message in raised.value.message()
 
 
@@ -146,10 +132,7 @@ def test_entries_of_one_name_are_its_versions(yaml_server):
     assert client.get_model_metadata("simple").versions == ["1", "2"]
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     for version in ("1", "2"):
-        inputs = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
-        for tensor in inputs:
-            tensor.set_data_from_numpy(a)
-        result = client.infer("simple", inputs, model_version=version)
+        result = client.infer("simple", tensors(grpcclient, {"INPUT0": a, "INPUT1": a}), model_version=version)
         assert result.get_response().model_version == version
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
 

@@ -32,7 +32,7 @@ import requests
 import yaml
 from onnx import TensorProto, helper
 
-from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, free_port, load_fake_acl, stop_server, wait_until
+from conftest import FAKE_ACL, REPOSITORY, ROOT, Server, free_port, load_fake_acl, stop_server, wait_for
 from kserve_ascend.core.execution import compile_cache, npu_access
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.execution.runtimes import onnx as onnx_runtime
@@ -209,7 +209,8 @@ def start_cann_server(python: Path, repository: Path, log: Path) -> Server:
         index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
         return len(index) == 2 and all(entry["state"] != "LOADING" for entry in index)
 
-    return wait_until(server, loaded, timeout=60)
+    wait_for(loaded, "both models tried", timeout=60, server=server)
+    return server
 
 
 # ---- with the stub CANN libraries: the provider loads ----------------------------------------

@@ -19,9 +19,9 @@ import tritonclient.http as httpclient
 from google.protobuf import json_format
 from onnx import TensorProto, helper
 from PIL import Image
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from conftest import ROOT, both_servers
+from conftest import ROOT, both_servers, infer
 from kserve_ascend.core.models import classification
 from kserve_ascend.core.errors import InvalidInput, ModelLoadError
 
@@ -173,30 +173,15 @@ CASES = {
         {"OUTPUT0": 3, "OUTPUT1": 2},
     ),
 }
-DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.int8): "INT8",
-             np.dtype(np.uint64): "UINT64", np.dtype(bool): "BOOL"}
 
 
-def infer(target, protocol: str, model: str, inputs: dict, counts: dict, binary: bool = True):
+def classified(target, protocol: str, model: str, inputs: dict, counts: dict, binary: bool = True) -> dict:
     """(datatype, shape, list of bytes) of each classified output, over one protocol."""
-    module = httpclient if protocol == "http" else grpcclient
-    tensors = []
-    for name, array in inputs.items():
-        tensors.append(module.InferInput(name, list(array.shape), DATATYPES[array.dtype]))
-        tensors[-1].set_data_from_numpy(array)
-    if protocol == "http":
-        outputs = [httpclient.InferRequestedOutput(n, binary_data=binary, class_count=k) for n, k in counts.items()]
-    else:
-        outputs = [grpcclient.InferRequestedOutput(n, class_count=k) for n, k in counts.items()]
-    with module.InferenceServerClient(target.http if protocol == "http" else target.grpc) as client:
-        result = client.infer(model, tensors, outputs=outputs)
-    answers = {}
-    for name in counts:
-        output = result.get_output(name)
-        datatype, shape = (output["datatype"], output["shape"]) if protocol == "http" else (output.datatype, list(output.shape))
-        values = [v if isinstance(v, bytes) else v.encode() for v in result.as_numpy(name).ravel()]
-        answers[name] = (datatype, shape, values)
-    return answers
+    outputs = infer(target, model, inputs, protocol, outputs={name: {"class_count": k} for name, k in counts.items()}, binary_data=binary)
+    return {
+        name: (np_to_triton_dtype(values.dtype), list(values.shape), [v if isinstance(v, bytes) else v.encode() for v in values.ravel()])
+        for name, values in outputs.items()
+    }
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -205,7 +190,7 @@ def test_the_same_strings_as_triton_over_rest_and_grpc(servers, case):
     answers = {}
     for target_name, target in servers.items():
         for protocol, binary in (("http", False), ("http", True), ("grpc", True)):
-            answers[(target_name, protocol, binary)] = infer(target, protocol, model, inputs, counts, binary)
+            answers[(target_name, protocol, binary)] = classified(target, protocol, model, inputs, counts, binary)
     reference = answers.pop(("triton", "grpc", True))
     for key, answer in answers.items():
         assert answer == reference, key
@@ -221,7 +206,7 @@ def test_a_boolean_output_is_refused_as_triton_refuses_it(servers):
     _, inputs, _ = CASES["integers"]
     for target in servers.values():
         with pytest.raises(InferenceServerException, match="class result not available for output due to unsupported type 'BOOL'") as error:
-            infer(target, "http", "integers", inputs, {"OUTPUT2": 1})
+            classified(target, "http", "integers", inputs, {"OUTPUT2": 1})
         assert error.value.status() == "400"
 
 

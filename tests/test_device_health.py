@@ -11,11 +11,11 @@ from __future__ import annotations
 import signal
 import subprocess
 
+import numpy as np
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import copy_model, fake_acl_env, load_fake_acl, start_server, stop_server, write_faults
+from conftest import copy_model, fake_acl_env, json_body, load_fake_acl, post_infer, scrape, start_server, stop_server, write_faults
 
 ACL_FLOAT = 0
 AI_CORE_EXCEPTION = 507015  # ACL_ERROR_RT_AICORE_EXCEPTION, rt_error_codes.h
@@ -50,20 +50,12 @@ def server(tmp_path_factory):
     stop_server(server)
 
 
-def infer(server, model: str) -> requests.Response:
-    body = {"inputs": [{"name": "images", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
-    return requests.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30)
-
-
-def gauge(server, name: str, model: str) -> dict[str, float]:
-    """A per-instance gauge of the model, by device."""
-    text = requests.get(f"{server.url}/metrics", timeout=10).text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == name)
-    return {s.labels["device"]: s.value for s in family.samples if s.labels["model"] == model}
+#: The input of every model here.
+IMAGES = json_body({"images": np.array([[1, 2, 3, 4]], np.float32)})
 
 
 def healthy(server, model: str) -> dict[str, float]:
-    return gauge(server, "ascend_instance_healthy", model)
+    return scrape(server).by("device", "ascend_instance_healthy", model=model)
 
 
 def reason_in_index(server, model: str) -> str:
@@ -75,42 +67,42 @@ def reason_in_index(server, model: str) -> str:
 def test_an_ai_core_error_takes_one_instance_out_the_other_serves_then_none_left_is_not_ready(server):
     assert healthy(server, "pair") == {"0": 1, "1": 1}
     write_faults(server.faults, [{"call": "acl.mdl.execute_async", "ret": AI_CORE_EXCEPTION, "times": 1, "device": 1}])
-    answers = [infer(server, "pair") for _ in range(4)]  # in turn on each instance
+    answers = [post_infer(server, "pair", IMAGES) for _ in range(4)]  # in turn on each instance
     failed = [a for a in answers if a.status_code != 200]
     assert len(failed) == 1 and failed[0].status_code == 500 and str(AI_CORE_EXCEPTION) in failed[0].json()["error"]
     assert healthy(server, "pair") == {"0": 1, "1": 0}
-    assert all(infer(server, "pair").status_code == 200 for _ in range(4))  # the other instance serves every request
+    assert all(post_infer(server, "pair", IMAGES).status_code == 200 for _ in range(4))  # the other instance serves every request
     assert requests.get(f"{server.url}/v2/models/pair/ready", timeout=10).status_code == 200
 
     write_faults(server.faults, [{"call": "acl.mdl.execute_async", "ret": AI_CORE_EXCEPTION, "times": 1, "device": 0}])
-    assert infer(server, "pair").status_code == 500
+    assert post_infer(server, "pair", IMAGES).status_code == 500
     assert healthy(server, "pair") == {"0": 0, "1": 0}
     ready = requests.get(f"{server.url}/v2/models/pair/ready", timeout=10)
     assert ready.status_code == 400 and "version 1: no instance is healthy: instance 0:" in ready.json()["error"]
     assert "instance 1:" in reason_in_index(server, "pair") and str(AI_CORE_EXCEPTION) in reason_in_index(server, "pair")
     assert requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 400
-    answer = infer(server, "pair")
+    answer = post_infer(server, "pair", IMAGES)
     assert answer.status_code == 400 and "no instance is healthy" in answer.json()["error"]
 
     assert requests.post(f"{server.url}/v2/repository/models/pair/load", timeout=60).status_code == 200  # fresh instances
     assert healthy(server, "pair") == {"0": 1, "1": 1}
-    assert all(infer(server, "pair").status_code == 200 for _ in range(4))
+    assert all(post_infer(server, "pair", IMAGES).status_code == 200 for _ in range(4))
 
 
 def test_an_execution_that_never_finishes_fails_at_the_runtime_timeout_and_reload_restores(server):
     # The task never finishes: the runtime's own wait for its stream times out (507046), a fatal device error.
     write_faults(server.faults, [{"call": "acl.mdl.execute_async", "hang": True, "device": 3}])
-    answer = infer(server, "hung_execute")
+    answer = post_infer(server, "hung_execute", IMAGES)
     assert answer.status_code == 500 and "execution_timeout_ms" in answer.json()["error"]
     assert "no instance is healthy" in reason_in_index(server, "hung_execute")
     assert requests.post(f"{server.url}/v2/repository/models/hung_execute/load", timeout=60).status_code == 200
-    assert infer(server, "hung_execute").status_code == 200
+    assert post_infer(server, "hung_execute", IMAGES).status_code == 200
 
 
 def test_a_call_that_never_returns_fails_at_the_schedulers_timeout_and_blocks_neither_unload_nor_reload(server):
     # A blocking call hangs the instance's thread itself: only the scheduler's timeout can answer.
     write_faults(server.faults, [{"call": "acl.rt.set_context", "hang": True, "device": 2}])
-    answer = infer(server, "hung_call")
+    answer = post_infer(server, "hung_call", IMAGES)
     assert answer.status_code == 500
     assert answer.json()["error"] == (
         "the execution did not finish within execution_timeout_ms 300: instance 0 is out of rotation until the model is reloaded"
@@ -119,18 +111,19 @@ def test_a_call_that_never_returns_fails_at_the_schedulers_timeout_and_blocks_ne
     assert "no instance is healthy" in requests.get(f"{server.url}/v2/models/hung_call/ready", timeout=10).json()["error"]
     assert requests.post(f"{server.url}/v2/repository/models/hung_call/unload", timeout=30).status_code == 200
     assert requests.post(f"{server.url}/v2/repository/models/hung_call/load", timeout=60).status_code == 200
-    assert infer(server, "hung_call").status_code == 200
+    assert post_infer(server, "hung_call", IMAGES).status_code == 200
     # Hang the new instance too, and leave it hung for the shutdown below.
     write_faults(server.faults, [{"call": "acl.rt.set_context", "hang": True, "device": 2}])
-    assert infer(server, "hung_call").status_code == 500
+    assert post_infer(server, "hung_call", IMAGES).status_code == 500
 
 
 def test_a_degraded_runtime_shows_in_its_gauge(server):
     # With `execution_provider: auto` ONNX Runtime serves on the CPU where the CANN provider cannot
     # run (this host): degraded, as the metadata says. An .om on the acl runtime never is.
     degraded = requests.get(f"{server.url}/v2/models/simple", timeout=10).json()["parameters"].get("degraded") == "true"
-    assert gauge(server, "ascend_runtime_degraded", "simple") == {"0": 1 if degraded else 0}
-    assert gauge(server, "ascend_runtime_degraded", "pair") == {"0": 0, "1": 0}
+    metrics = scrape(server)
+    assert metrics.by("device", "ascend_runtime_degraded", model="simple") == {"0": 1 if degraded else 0}
+    assert metrics.by("device", "ascend_runtime_degraded", model="pair") == {"0": 0, "1": 0}
 
 
 def test_the_server_stops_on_sigterm_with_instance_threads_hung(server):

@@ -15,18 +15,15 @@ import concurrent.futures
 import re
 import shutil
 import textwrap
-import time
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 import requests
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import both_servers, copy_model, fake_acl_env, load_fake_acl, start_server, start_triton, stop_server
+from conftest import both_servers, copy_model, fake_acl_env, infer, load_fake_acl, start_server, start_triton, statistics, stop_server, wait_for
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.execution.processing import image, yolo
 from kserve_ascend.core.models.repository import Repository
@@ -129,25 +126,9 @@ def servers(tmp_path_factory):
     yield from both_servers(repository, tmp_path_factory, "--exit-on-error=false", wait_ready=False)
 
 
-def infer(target, model: str, inputs: dict[str, np.ndarray], outputs=None, protocol=httpclient) -> dict[str, np.ndarray]:
-    url = target.http if protocol is httpclient else target.grpc
-    with protocol.InferenceServerClient(url) as client:
-        tensors = []
-        for name, array in inputs.items():
-            tensors.append(protocol.InferInput(name, list(array.shape), "INT32"))
-            tensors[-1].set_data_from_numpy(array)
-        requested = [protocol.InferRequestedOutput(n) for n in outputs] if outputs else None
-        result = client.infer(model, tensors, outputs=requested)
-        names = [o["name"] for o in result.get_response()["outputs"]] if protocol is httpclient else [
-            o.name for o in result.get_response().outputs
-        ]
-        return {name: result.as_numpy(name) for name in names}
-
-
-def stats(target, model: str) -> dict[str, dict]:
-    """The model's statistics by version."""
-    answer = requests.get(f"{target.url}/v2/models/{model}/stats").json()
-    return {entry["version"]: entry for entry in answer["model_stats"]}
+def simple_versions(target) -> dict[str, dict]:
+    """The statistics of both versions of `simple`."""
+    return {version: statistics(target, "simple", version) for version in "12"}
 
 
 def test_every_ensemble_loads_or_fails_alike(servers):
@@ -176,9 +157,9 @@ def test_metadata_and_config_are_triton_s(servers, name):
     assert ours == theirs
 
 
-@pytest.mark.parametrize("protocol", [httpclient, grpcclient], ids=["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_steps_run_as_their_inputs_exist_and_answer_as_triton(servers, protocol):
-    answers = [infer(target, "pipe", {"A": A, "B": B}, protocol=protocol) for target in servers.values()]
+    answers = [infer(target, "pipe", {"A": A, "B": B}, protocol) for target in servers.values()]
     expected = {"SUM2": 2 * A, "DIFF2": 2 * B, "SUM": A + B}
     for answer in answers:
         assert answer.keys() == expected.keys()
@@ -188,11 +169,11 @@ def test_steps_run_as_their_inputs_exist_and_answer_as_triton(servers, protocol)
 
 def test_only_the_steps_of_the_requested_outputs_run_and_pinned_versions_hold(servers):
     for target in servers.values():
-        before = stats(target, "simple")
+        before = simple_versions(target)
         assert infer(target, "pipe", {"A": A, "B": B}, outputs=["SUM"]).keys() == {"SUM"}
-        middle = stats(target, "simple")
+        middle = simple_versions(target)
         infer(target, "pipe", {"A": A, "B": B})
-        after = stats(target, "simple")
+        after = simple_versions(target)
         # SUM alone: one step, on the latest version; everything: steps 1 and 3 on version 2, step 2 on version 1.
         assert [middle[v]["execution_count"] - before[v]["execution_count"] for v in "12"] == [0, 1]
         assert [after[v]["execution_count"] - middle[v]["execution_count"] for v in "12"] == [1, 2]
@@ -213,7 +194,7 @@ def test_a_failing_step_fails_the_request_with_the_ensemble_named(servers):
             infer(target, "loose", {"A": short, "B": short})
         assert raised.value.status() == "400"
         with pytest.raises(InferenceServerException) as raised_grpc:
-            infer(target, "loose", {"A": short, "B": short}, protocol=grpcclient)
+            infer(target, "loose", {"A": short, "B": short}, "grpc")
         assert raised_grpc.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
         messages[name] = raised.value.message()
         assert messages[name].startswith("in ensemble 'loose', ") and "INPUT" in messages[name]
@@ -227,14 +208,14 @@ def test_a_failing_step_fails_the_request_with_the_ensemble_named(servers):
 def test_concurrent_ensemble_requests_batch_at_the_step_model_and_are_counted_as_triton_counts(servers):
     requests_sent = 8
     for name, target in servers.items():
-        before = stats(target, "batched")["1"]
+        before = statistics(target, "batched", "1")
         with concurrent.futures.ThreadPoolExecutor(requests_sent) as pool:
             answers = list(pool.map(lambda i: infer(target, "batched", {"A": A[:1] + i, "B": B[:1]}), range(requests_sent)))
         for i, answer in enumerate(answers):
             np.testing.assert_array_equal(answer["SUM"], A[:1] + i + B[:1])
-        step_batches = {b["batch_size"] for b in stats(target, "simple_batched")["1"]["batch_stats"]}
+        step_batches = {b["batch_size"] for b in statistics(target, "simple_batched", "1")["batch_stats"]}
         assert max(step_batches) > 1, f"{name}: the step model ran batches of {step_batches}"
-        after = stats(target, "batched")["1"]
+        after = statistics(target, "batched", "1")
         # The ensemble counts each request as one execution of its own batch size, charged with its steps' compute.
         assert after["inference_count"] - before["inference_count"] == requests_sent
         assert after["execution_count"] - before["execution_count"] == requests_sent
@@ -266,9 +247,8 @@ def test_an_ensemble_follows_its_step_model_in_explicit_mode(tmp_path):
         for target in (ours, triton):
             assert states(target) == {"single": "READY", "simple": "READY"}
             assert requests.post(f"{target.url}/v2/repository/models/simple/unload").status_code == 200
-            deadline = time.monotonic() + 30  # Triton unloads in the background (UNLOADING first), version by version
-            while unloading(target) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            # Triton unloads in the background, version by version (each has its entry in the index).
+            wait_for(lambda: not unloading(target), "every version unloaded", server=target)
             assert states(target) == {"single": "UNAVAILABLE", "simple": "UNAVAILABLE"}
             assert requests.get(f"{target.url}/v2/health/ready").status_code == 200
             assert requests.post(f"{target.url}/v2/repository/models/simple/load").status_code == 200
@@ -345,12 +325,8 @@ def test_an_om_detector_serves_inside_the_detection_ensemble(tmp_path):
         letterbox = np.array([frame.width, frame.height, frame.scale, frame.left, frame.top], dtype=np.float32)
 
         def detect(head):
-            with grpcclient.InferenceServerClient(server.grpc) as client:
-                inputs = [grpcclient.InferInput("head", list(head.shape), "FP32"), grpcclient.InferInput("letterbox", [5], "FP32")]
-                inputs[0].set_data_from_numpy(head)
-                inputs[1].set_data_from_numpy(letterbox)
-                result = client.infer("om_detect", inputs)
-            return result.as_numpy("detection_boxes"), result.as_numpy("detection_scores"), result.as_numpy("detection_classes")
+            answer = infer(server, "om_detect", {"head": head, "letterbox": letterbox}, "grpc")
+            return answer["detection_boxes"], answer["detection_scores"], answer["detection_classes"]
 
         with concurrent.futures.ThreadPoolExecutor(len(heads)) as pool:
             answers = list(pool.map(detect, heads))
@@ -360,7 +336,7 @@ def test_an_om_detector_serves_inside_the_detection_ensemble(tmp_path):
             np.testing.assert_array_equal(scores, expected.scores)
             np.testing.assert_array_equal(classes, expected.classes)
             np.testing.assert_allclose(boxes, frame.to_image(expected.boxes), rtol=1e-6)
-        batches = {b["batch_size"] for b in stats(server, "head")["1"]["batch_stats"]}
+        batches = {b["batch_size"] for b in statistics(server, "head", "1")["batch_stats"]}
         assert max(batches) > 1, batches
     finally:
         stop_server(server)

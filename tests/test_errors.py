@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, start_server, stop_server
+from conftest import copy_model, scrape, start_server, statistics, stop_server
 
 #: What onnxruntime's Gather raises (its own exception type, no AscendError) for an index past the table.
 ORT_FAULT = "indices element out of data bounds"
@@ -62,10 +62,8 @@ def index_input(module, index: int):
 
 def failures(server) -> tuple[int, float]:
     """The lookup model's failed requests: by the statistics extension, and by the BACKEND failure metric."""
-    stats = requests.get(f"{server.url}/v2/models/lookup/stats").json()["model_stats"][0]
-    metric = 'nv_inference_request_failure{model="lookup",reason="BACKEND",version="1"}'
-    line = next(l for l in requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text.splitlines() if l.startswith(metric))
-    return stats["inference_stats"]["fail"]["count"], float(line.split()[-1])
+    failed = scrape(server)("nv_inference_request_failure", model="lookup", reason="BACKEND", version="1")
+    return statistics(server, "lookup")["inference_stats"]["fail"]["count"], failed
 
 
 def assert_serves(server) -> None:

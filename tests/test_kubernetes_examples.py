@@ -40,7 +40,7 @@ from conftest import (
     start_server,
     start_triton,
     stop_server,
-    wait_until,
+    wait_for,
 )
 from google.protobuf import text_format
 from kubernetes.utils.quantity import parse_quantity
@@ -692,7 +692,7 @@ def mindie_server(tmp_path_factory) -> dict[int | str, int]:
     server = Server(process, ports["--http_port"], ports["--grpc_port"], log, ports["--metrics_port"])
     port_of: dict[int | str, int] = {int(given[flag]): port for flag, port in ports.items()}
     port_of |= {port["name"]: port_of[port["containerPort"]] for port in container["ports"]}
-    wait_until(server, lambda: requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200, timeout=120)
+    wait_for(lambda: requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200, "the server ready", timeout=120, server=server)
     yield port_of
     stop_server(server)
 

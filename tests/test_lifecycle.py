@@ -17,7 +17,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import REPOSITORY, copy_model, start_server, stop_server
+from conftest import REPOSITORY, copy_model, post_infer, start_server, stop_server, wait_for
 
 SIMPLE_BODY = json.dumps(
     {
@@ -26,7 +26,7 @@ SIMPLE_BODY = json.dumps(
             {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16},
         ]
     }
-)
+).encode()
 EXPECTED_SUM = [i + 1 for i in range(16)]
 SIMPLE_ONNX = REPOSITORY / "simple" / "1" / "model.onnx"
 
@@ -35,29 +35,15 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def infer(url: str, model: str = "simple", session=requests) -> requests.Response:
-    return session.post(f"{url}/v2/models/{model}/infer", data=SIMPLE_BODY, timeout=30)
-
-
 def index(url: str) -> dict[tuple[str, str], dict]:
     return {(e["name"], e.get("version", "")): e for e in requests.post(f"{url}/v2/repository/index").json()}
-
-
-def wait_for(condition, timeout: float = 30, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Load:
     """`concurrency` clients in a closed loop on one model: every answer's status, body and serving version."""
 
-    def __init__(self, url: str, concurrency: int, model: str = "simple"):
-        self.url, self.model = url, model
+    def __init__(self, server, concurrency: int, model: str = "simple"):
+        self.server, self.model = server, model
         self.results: list[tuple[float, str]] = []  # (when the request was sent, the version that answered)
         self.failures: list[str] = []
         self._stop = threading.Event()
@@ -79,7 +65,7 @@ class Load:
             while not self._stop.is_set():
                 sent = time.monotonic()
                 try:
-                    response = infer(self.url, self.model, session)
+                    response = post_infer(self.server, self.model, SIMPLE_BODY, session=session)
                     body = response.json()
                 except Exception as error:  # a dropped connection is a lost request too
                     with self._lock:
@@ -137,7 +123,7 @@ def test_poll_moves_to_a_new_version_and_back_under_load_with_no_failed_request(
     """The source design's seamless upgrade: drop in version 2, then take it away, at concurrency 32."""
     server, repository = poll_server
     model = repository / "simple"
-    with Load(server.url, concurrency=32) as load:
+    with Load(server, concurrency=32) as load:
         wait_for(lambda: len(load) > 50, what="load to start")
         copy_slowly(model / "1" / "model.onnx", model / "2" / "model.onnx")
         wait_for(lambda: set(index(server.url)) == {("simple", "2")}, what="version 2 to replace version 1")
@@ -169,7 +155,7 @@ def test_poll_reloads_a_changed_config_and_keeps_serving_when_the_new_one_is_bro
     wait_for(lambda: "reload failed" in index(server.url)[("simple", "1")]["reason"], what="the failed reload")
     entry = index(server.url)[("simple", "1")]
     assert entry["state"] == "READY", entry
-    assert infer(server.url).status_code == 200  # what served before serves on
+    assert post_infer(server, "simple", SIMPLE_BODY).status_code == 200  # what served before serves on
     config.write_text(original)
     wait_for(lambda: index(server.url)[("simple", "1")]["reason"] == "", what="the repaired config")
     assert requests.get(f"{server.url}/v2/models/simple/config").json()["max_batch_size"] == 8
@@ -180,13 +166,13 @@ def test_poll_picks_up_new_models_and_drops_removed_ones(poll_server):
     server, repository = poll_server
     copy_model("simple", repository, "simple_copy")
     wait_for(lambda: ("simple_copy", "1") in index(server.url), what="the new model")
-    assert infer(server.url, "simple_copy").status_code == 200
+    assert post_infer(server, "simple_copy", SIMPLE_BODY).status_code == 200
     assert requests.get(f"{server.url}/v2/health/ready").status_code == 200
     shutil.rmtree(repository / "simple_copy")
     wait_for(lambda: not any(name == "simple_copy" for name, _ in index(server.url)), what="the model to go")
-    response = infer(server.url, "simple_copy")
+    response = post_infer(server, "simple_copy", SIMPLE_BODY)
     assert response.status_code == 404, response.text
-    assert infer(server.url).status_code == 200
+    assert post_infer(server, "simple", SIMPLE_BODY).status_code == 200
 
 
 @WORKERS
@@ -201,7 +187,7 @@ def test_load_and_unload_are_refused_unless_control_is_explicit(poll_server):
     response = requests.post(f"{server.url}/v2/repository/models/simple/unload")
     assert response.status_code == 400
     assert "--model_control_mode explicit" in response.json()["error"]
-    assert infer(server.url).status_code == 200
+    assert post_infer(server, "simple", SIMPLE_BODY).status_code == 200
 
 
 # ---------------------------------------------------------------- explicit
@@ -233,9 +219,9 @@ def test_explicit_loads_only_the_startup_models(explicit_server):
 def test_explicit_load_and_unload_over_rest_and_grpc(explicit_server):
     server, _ = explicit_server
     assert requests.post(f"{server.url}/v2/repository/models/second/load").status_code == 200
-    assert infer(server.url, "second").status_code == 200
+    assert post_infer(server, "second", SIMPLE_BODY).status_code == 200
     assert requests.post(f"{server.url}/v2/repository/models/second/unload").status_code == 200
-    response = infer(server.url, "second")
+    response = post_infer(server, "second", SIMPLE_BODY)
     assert response.status_code == 400 and "not ready" in response.json()["error"]
 
     client = grpcclient.InferenceServerClient(server.grpc)
@@ -277,7 +263,7 @@ def test_bad_load_requests_are_client_errors(explicit_server, body, message):
     response = requests.post(f"{server.url}/v2/repository/models/simple/load", data=body)
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]
-    assert infer(server.url).status_code == 200
+    assert post_infer(server, "simple", SIMPLE_BODY).status_code == 200
 
 
 def test_grpc_bad_load_requests_are_invalid_argument(explicit_server):
@@ -311,9 +297,9 @@ def test_version_weights_split_traffic_and_every_response_names_its_version(tmp_
     server = start_server(repository, tmp_path / "server.log", workers=workers)
     try:
         with requests.Session() as session:
-            versions = Counter(infer(server.url, "ab", session).json()["model_version"] for _ in range(1000))
+            versions = Counter(post_infer(server, "ab", SIMPLE_BODY, session=session).json()["model_version"] for _ in range(1000))
             # A named version is served by that version, whatever the weights.
-            named = session.post(f"{server.url}/v2/models/ab/versions/2/infer", data=SIMPLE_BODY).json()
+            named = post_infer(server, "ab", SIMPLE_BODY, version="2", session=session).json()
     finally:
         stop_server(server)
     assert set(versions) == {"1", "2"}
@@ -330,7 +316,7 @@ def test_bad_version_weights_fail_the_model_with_a_reason(tmp_path):
     server = start_server(repository, tmp_path / "server.log", wait="loaded")
     try:
         assert "version_weights" in index(server.url)[("ab", "")]["reason"]
-        assert infer(server.url).status_code == 200
+        assert post_infer(server, "simple", SIMPLE_BODY).status_code == 200
     finally:
         stop_server(server)
 
@@ -356,13 +342,13 @@ def test_sha256_is_shown_and_a_mismatch_is_refused_while_the_old_version_serves(
         assert f"but the config expects {digest}" in response.json()["error"]
         entry = index(server.url)[("simple", "1")]
         assert entry["state"] == "READY" and "sha256" in entry["reason"], entry
-        assert infer(server.url).json()["model_version"] == "1"
+        assert post_infer(server, "simple", SIMPLE_BODY).json()["model_version"] == "1"
 
         # Per-version digests: version 2's own digest lets it in.
         config.write_text(
             config.read_text().replace(digest, f"1:{digest},2:{sha256(model / '2' / 'model.onnx')}")
         )
         assert requests.post(f"{server.url}/v2/repository/models/simple/load").status_code == 200
-        assert infer(server.url).json()["model_version"] == "2"
+        assert post_infer(server, "simple", SIMPLE_BODY).json()["model_version"] == "2"
     finally:
         stop_server(server)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -20,7 +19,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, free_port, start_server, stop_server
+from conftest import copy_model, free_port, start_server, stop_server, wait_for
 
 WRONG_SHAPE = {"name": "INPUT0", "shape": [1, 5], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}  # sim takes [-1, 4]
 ROW = {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
@@ -182,9 +181,7 @@ def test_tracing_exports_infer_queue_and_execute_spans(sim_repository, tmp_path,
     server = start_server(sim_repository, tmp_path / "server.log", "--enable_tracing", env=otel_env(collector))
     try:
         concurrent_sim_requests(server, count, f"00-{client_trace}-{client_span}-01")
-        deadline = time.monotonic() + 30
-        while len(collector.named("infer")) < count and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: len(collector.named("infer")) >= count, "every infer span exported", server=server)
     finally:
         stop_server(server)  # flushes whatever is left
     assert collector.services == {"kserve-ascend"}

@@ -53,7 +53,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2
 
 import crd_schema
-from conftest import REPOSITORY, ROOT, Server, copy_model, fake_acl_env, free_port, load_fake_acl, stop_server, wait_until
+from conftest import REPOSITORY, ROOT, Server, copy_model, fake_acl_env, free_port, load_fake_acl, stop_server, wait_for
 
 MANIFESTS = ROOT / "manifests"
 DOCKER = ROOT / "docker"
@@ -454,7 +454,7 @@ def runtime_ports(tmp_path_factory) -> dict[int, int]:
     port_of = {int(given[flag]): port for flag, port in ports.items()}
     ready = runtime_container()["readinessProbe"]["httpGet"]
     url = f"http://127.0.0.1:{port_of[ready['port']]}{ready['path']}"
-    wait_until(server, lambda: requests.get(url, timeout=1).status_code == 200, timeout=120)
+    wait_for(lambda: requests.get(url, timeout=1).status_code == 200, "the runtime ready", timeout=120, server=server)
     yield port_of
     stop_server(server)
 
@@ -648,7 +648,7 @@ def triton_ports(tmp_path_factory) -> dict[int | str, int]:
     port_of |= {name: port_of[number] for name, number in named.items()}
     ready = triton_container()["readinessProbe"]["httpGet"]
     url = f"http://127.0.0.1:{port_of[ready['port']]}{ready['path']}"
-    wait_until(server, lambda: requests.get(url, timeout=1).status_code == 200, timeout=180)
+    wait_for(lambda: requests.get(url, timeout=1).status_code == 200, "the server ready", timeout=180, server=server)
     yield port_of
     stop_server(server)
 

@@ -6,18 +6,30 @@ prometheus_client's own parser: the counts match the requests sent, on the HTTP 
 from __future__ import annotations
 
 import queue
-import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import copy_model, fake_acl_env, load_fake_acl, start_server, stop_server
+from conftest import (
+    Metrics,
+    copy_model,
+    fake_acl_env,
+    hold_executions,
+    json_body,
+    load_fake_acl,
+    post_infer,
+    release_executions,
+    scrape,
+    start_server,
+    stop_server,
+    wait_for,
+    write_faults,
+)
 from kserve_ascend.core.execution.runtimes.acl import AclRuntime
 
 
@@ -32,29 +44,6 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 dynamic_batching { default_queue_policy { max_queue_size: 1 } }
 parameters { key: "sim_fixed_ms" value: { string_value: "2000" } }
 """
-
-
-class Scrape:
-    """One /metrics answer, parsed."""
-
-    def __init__(self, url: str):
-        text = requests.get(url, timeout=10).text
-        self.families = {family.name: family for family in text_string_to_metric_families(text)}
-        self.samples = [sample for family in self.families.values() for sample in family.samples]
-
-    def __call__(self, name: str, **labels: str) -> float:
-        """The value of the one sample of this exact name whose labels include `labels`."""
-        values = [s.value for s in self.samples if s.name == name and labels.items() <= s.labels.items()]
-        assert len(values) == 1, f"{len(values)} samples {name}{labels}"
-        return values[0]
-
-    def buckets(self, name: str, **labels: str) -> dict[float, float]:
-        """A histogram's cumulative buckets: upper bound -> count."""
-        return {
-            float(s.labels["le"]): s.value
-            for s in self.samples
-            if s.name == f"{name}_bucket" and labels.items() <= s.labels.items()
-        }
 
 
 def sim_inputs(module, rows: int):
@@ -110,108 +99,135 @@ def sent(metrics_server):
         for _ in range(6):
             succeeded("sim", 1)
 
-    # The slow model: watch the queue depth while one request runs and another waits.
-    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
-    depths = set()
+    # The slow model: four at once; one runs, at most one waits, the rest are refused.
+    body = json_body({"INPUT0": np.array([[1, 2, 3, 4]], np.float32)})
     with ThreadPoolExecutor(4) as pool:
-        calls = [pool.submit(requests.post, f"{server.url}/v2/models/slow/infer", json=body, timeout=30) for _ in range(4)]
-        while not all(call.done() for call in calls):
-            scrape = Scrape(f"{server.url}/metrics")
-            depths.add((scrape("inference_queue_depth", model="slow"), scrape("nv_inference_pending_request_count", model="slow")))
-            time.sleep(0.05)
-        wait(calls)
-    statuses = [call.result().status_code for call in calls]
+        statuses = [answer.status_code for answer in pool.map(lambda _: post_infer(server, "slow", body), range(4))]
     for status in statuses:
         if status == 200:
             succeeded("slow", 1)
     seen["slow"]["rejected"] = statuses.count(503)
     assert sorted(set(statuses)) == [200, 503], statuses
-    assert all("Exceeds maximum queue size" in c.result().json()["error"] for c in calls if c.result().status_code == 503)
-    seen["slow"]["depths"] = depths
     return seen
 
 
 @pytest.fixture(scope="module", params=["http_port", "metrics_port"])
-def scrape(request, metrics_server, sent) -> Scrape:
+def metrics(request, metrics_server, sent) -> Metrics:
     """What Prometheus reads after the traffic, from /metrics of the HTTP port or of --metrics_port."""
-    port = getattr(metrics_server, request.param)
-    return Scrape(f"http://127.0.0.1:{port}/metrics")
+    return scrape(metrics_server, getattr(metrics_server, request.param))
 
 
 @pytest.mark.parametrize("model", ["simple", "sim", "slow"])
-def test_request_counts_match_the_requests_sent(scrape, sent, model):
+def test_request_counts_match_the_requests_sent(metrics, sent, model):
     successes = sent[model]["success"]
     rejected = sent[model].get("rejected", 0)
     labels = {"model": model, "version": "1"}
-    assert scrape("nv_inference_request_success", **labels) == successes
-    assert scrape("nv_inference_count", **labels) == sent[model]["rows"]
+    assert metrics("nv_inference_request_success", **labels) == successes
+    assert metrics("nv_inference_count", **labels) == sent[model]["rows"]
     for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
         expected = rejected if reason == "REJECTED" else 0
-        assert scrape("nv_inference_request_failure", reason=reason, **labels) == expected
-        assert scrape("infer_request_failure_count", reason=reason, **labels) == expected
-    assert scrape("infer_request_count", **labels) == successes + rejected
-    assert scrape("inference_queue_depth", **labels) == scrape("nv_inference_pending_request_count", **labels) == 0
+        assert metrics("nv_inference_request_failure", reason=reason, **labels) == expected
+        assert metrics("infer_request_failure_count", reason=reason, **labels) == expected
+    assert metrics("infer_request_count", **labels) == successes + rejected
+    assert metrics("inference_queue_depth", **labels) == metrics("nv_inference_pending_request_count", **labels) == 0
     # Triton's sample names exactly, with no `_total` suffix.
     assert {"nv_inference_request_success", "nv_inference_exec_count", "nv_inference_request_duration_us",
             "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
-            "nv_inference_compute_output_duration_us"} <= {s.name for s in scrape.samples}
+            "nv_inference_compute_output_duration_us"} <= {s.name for s in metrics.samples}
 
 
 @pytest.mark.parametrize("model", ["simple", "sim", "slow"])
-def test_latency_histogram_counts_every_successful_request(scrape, sent, model):
+def test_latency_histogram_counts_every_successful_request(metrics, sent, model):
     labels = {"model": model, "version": "1"}
-    buckets = scrape.buckets("inference_latency_seconds", **labels)
+    buckets = metrics.buckets("inference_latency_seconds", **labels)
     counts = [buckets[bound] for bound in sorted(buckets)]
     assert counts == sorted(counts)  # cumulative
-    assert buckets[float("inf")] == scrape("inference_latency_seconds_count", **labels) == sent[model]["success"]
+    assert buckets[float("inf")] == metrics("inference_latency_seconds_count", **labels) == sent[model]["success"]
     # The sum is the request duration Triton's counter reports, in seconds.
-    duration_us = scrape("nv_inference_request_duration_us", **labels)
-    assert scrape("inference_latency_seconds_sum", **labels) == pytest.approx(duration_us / 1e6, abs=1e-6)
+    duration_us = metrics("nv_inference_request_duration_us", **labels)
+    assert metrics("inference_latency_seconds_sum", **labels) == pytest.approx(duration_us / 1e6, abs=1e-6)
     if model == "slow":  # each ran for 2 s of simulated device time: none in the buckets below
         assert buckets[1.0] == 0
 
 
-def test_batch_size_histogram_reflects_batching(scrape, sent):
+def test_batch_size_histogram_reflects_batching(metrics, sent):
     labels = {"model": "sim", "version": "1"}
-    buckets = scrape.buckets("batch_size_distribution", **labels)
-    executions = scrape("nv_inference_exec_count", **labels)
-    assert buckets[float("inf")] == scrape("batch_size_distribution_count", **labels) == executions
-    assert scrape("batch_size_distribution_sum", **labels) == sent["sim"]["rows"]
+    buckets = metrics.buckets("batch_size_distribution", **labels)
+    executions = metrics("nv_inference_exec_count", **labels)
+    assert buckets[float("inf")] == metrics("batch_size_distribution_count", **labels) == executions
+    assert metrics("batch_size_distribution_sum", **labels) == sent["sim"]["rows"]
     # The 3-row request ran as one execution of at least 3 rows: above the 2 bucket.
     assert buckets[2.0] < executions
     assert executions < sent["sim"]["success"]  # 8 requests did not take 8 executions
-    simple = scrape.buckets("batch_size_distribution", model="simple", version="1")
+    simple = metrics.buckets("batch_size_distribution", model="simple", version="1")
     assert simple[1.0] == simple[float("inf")] == sent["simple"]["success"]  # one at a time: batches of 1
 
 
-def test_queue_depth_counts_the_request_waiting_for_the_busy_instance(sent):
-    # (waiting, Triton's pending count) as scraped while the slow model ran: one waited, never more.
-    assert (1, 1) in sent["slow"]["depths"]
-    assert max(depth for depth, _ in sent["slow"]["depths"]) == 1
+@pytest.fixture(scope="module")
+def held_server(tmp_path_factory):
+    """`held`: an .om model on the FAKE pyACL, one request at a time, one more may wait; its executions can
+    be held in a device call (hold_executions)."""
+    repository = tmp_path_factory.mktemp("held_metrics_repo")
+    (repository / "held" / "1").mkdir(parents=True)
+    fake.fake_write_om(repository / "held" / "1" / "model.om", [("INPUT0", fake.ACL_FLOAT, [1, 4])])
+    (repository / "held" / "config.pbtxt").write_text(
+        'name: "held"\nbackend: "ascend"\nmax_batch_size: 1\ndynamic_batching { default_queue_policy { max_queue_size: 1 } }\n'
+    )
+    faults = repository.parent / "held_metrics_faults.json"
+    write_faults(faults, [])
+    server = start_server(repository, repository.parent / "held_metrics.log", env=fake_acl_env(faults))
+    server.faults = faults
+    yield server
+    stop_server(server)
 
 
-def test_statistics_extension_agrees_with_the_metrics(metrics_server, scrape):
+def test_queue_depth_counts_the_request_waiting_for_the_busy_instance(held_server):
+    """While one request executes (held in its device call) and one waits, the queue depth, and Triton's
+    pending count, are 1 (the executing one is not counted); a third request finds the queue full."""
+    server = held_server
+    body = json_body({"INPUT0": np.array([[1, 2, 3, 4]], np.float32)})
+
+    def depths() -> tuple[float, float]:
+        metrics = scrape(server, server.http_port)
+        return metrics("inference_queue_depth", model="held"), metrics("nv_inference_pending_request_count", model="held")
+
+    assert depths() == (0, 0)
+    with ThreadPoolExecutor(2) as pool:
+        hold_executions(server)
+        try:
+            calls = [pool.submit(post_infer, server, "held", body) for _ in range(2)]
+            wait_for(lambda: depths() == (1, 1), "one request executing, one waiting")
+            refused = post_infer(server, "held", body)
+        finally:
+            release_executions(server)
+        answers = [call.result() for call in calls]
+    assert refused.status_code == 503 and "Exceeds maximum queue size" in refused.json()["error"]
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert depths() == (0, 0)
+
+
+def test_statistics_extension_agrees_with_the_metrics(metrics_server, metrics):
     statistics = requests.get(f"{metrics_server.url}/v2/models/stats", timeout=10).json()["model_stats"]
     assert {s["name"] for s in statistics} == {"simple", "sim", "slow"}
     for stats in statistics:
         labels = {"model": stats["name"], "version": stats["version"]}
         inference = stats["inference_stats"]
-        assert scrape("nv_inference_request_success", **labels) == inference["success"]["count"]
-        assert scrape("infer_request_count", **labels) == inference["success"]["count"] + inference["fail"]["count"]
-        assert scrape("nv_inference_count", **labels) == stats["inference_count"]
-        assert scrape("nv_inference_exec_count", **labels) == stats["execution_count"]
-        assert scrape("nv_inference_request_duration_us", **labels) == inference["success"]["ns"] // 1000
-        assert scrape("nv_inference_queue_duration_us", **labels) == inference["queue"]["ns"] // 1000
+        assert metrics("nv_inference_request_success", **labels) == inference["success"]["count"]
+        assert metrics("infer_request_count", **labels) == inference["success"]["count"] + inference["fail"]["count"]
+        assert metrics("nv_inference_count", **labels) == stats["inference_count"]
+        assert metrics("nv_inference_exec_count", **labels) == stats["execution_count"]
+        assert metrics("nv_inference_request_duration_us", **labels) == inference["success"]["ns"] // 1000
+        assert metrics("nv_inference_queue_duration_us", **labels) == inference["queue"]["ns"] // 1000
         for phase in ("input", "infer", "output"):
-            assert scrape(f"nv_inference_compute_{phase}_duration_us", **labels) == inference[f"compute_{phase}"]["ns"] // 1000
-        buckets = scrape.buckets("batch_size_distribution", **labels)
+            assert metrics(f"nv_inference_compute_{phase}_duration_us", **labels) == inference[f"compute_{phase}"]["ns"] // 1000
+        buckets = metrics.buckets("batch_size_distribution", **labels)
         for bound, count in buckets.items():
             assert count == sum(b["compute_infer"]["count"] for b in stats["batch_stats"] if b["batch_size"] <= bound)
 
 
-def test_no_npu_utilization_where_no_runtime_reads_a_device(scrape):
+def test_no_npu_utilization_where_no_runtime_reads_a_device(metrics):
     # onnxruntime on the CPU and the simulated device cannot tell: the metric is absent, not 0.
-    assert "npu_utilization_percent" not in scrape.families
+    assert "npu_utilization_percent" not in metrics.families
 
 
 # ---- NPU utilization through the FAKE pyACL ------------------------------------------------
@@ -247,13 +263,12 @@ def om_server(tmp_path_factory):
 
 
 def test_npu_utilization_is_read_from_each_device_once(om_server):
-    scrape = Scrape(f"{om_server.url}/metrics")
-    samples = scrape.families["npu_utilization_percent"].samples
+    samples = scrape(om_server, om_server.http_port).families["npu_utilization_percent"].samples
     assert sorted((s.labels["device"], s.value) for s in samples) == [("0", 37.0), ("1", 37.0)]  # FAKE_UTILIZATION's Cube
 
 
 def test_metrics_port_zero_serves_metrics_on_the_http_port_only(om_server):
-    assert Scrape(f"{om_server.url}/metrics")("nv_inference_request_success", model="detector") == 0
+    assert scrape(om_server, om_server.http_port)("nv_inference_request_success", model="detector") == 0
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{om_server.metrics_port}/metrics", timeout=5)
 

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 from tritonclient.grpc import model_config_pb2 as mc
 from google.protobuf import text_format
 
-from conftest import fake_acl_env, load_fake_acl, start_server, start_triton, stop_server
+from conftest import fake_acl_env, infer, load_fake_acl, start_server, start_triton, statistics, stop_server
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.execution.instance import Instance
 from kserve_ascend.core.execution.runtimes import Runtime, TensorSpec
@@ -244,22 +244,11 @@ def triton(tmp_path_factory):
     stop_server(server)
 
 
-def infer(server, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    datatypes = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FP32"}
-    with grpcclient.InferenceServerClient(server.grpc) as client:
-        tensors = []
-        for name, array in inputs.items():
-            tensors.append(grpcclient.InferInput(name, list(array.shape), datatypes[array.dtype]))
-            tensors[-1].set_data_from_numpy(array)
-        result = client.infer(model, tensors)
-        return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response(as_json=True)["outputs"]}
-
-
 def burst(server, model: str, make_inputs, check, calls: int = 32) -> None:
     """`calls` concurrent requests; every one must be answered correctly."""
     def call(index):
         inputs = make_inputs(np.random.default_rng(index))
-        check(inputs, infer(server, model, inputs))
+        check(inputs, infer(server, model, inputs, "grpc"))
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(call, range(calls)))
@@ -273,10 +262,6 @@ def simple_inputs(rng):
 def simple_answers(inputs, outputs):
     np.testing.assert_array_equal(outputs["OUTPUT0"], inputs["INPUT0"] + inputs["INPUT1"])
     np.testing.assert_array_equal(outputs["OUTPUT1"], inputs["INPUT0"] - inputs["INPUT1"])
-
-
-def stats(server, model: str) -> dict:
-    return requests.get(f"{server.url}/v2/models/{model}/stats", timeout=10).json()["model_stats"][0]
 
 
 def metadata(server, model: str) -> dict:
@@ -294,7 +279,7 @@ def test_static_batch_1_om_under_max_batch_size_8_answers_a_concurrent_burst(kse
     parameters = metadata(kserve, "om_b1")["parameters"]
     assert parameters["batch_sizes"] == "1"
     assert parameters["batch_split"] == "batches of up to 8 rows run as executions of 1"
-    served = stats(kserve, "om_b1")
+    served = statistics(kserve, "om_b1")
     assert served["execution_count"] < served["inference_count"]  # batches formed, then split
 
 
@@ -305,8 +290,8 @@ def test_onnx_exported_with_batch_1_under_max_batch_size_8_answers_a_concurrent_
 
 def test_padding_rows_of_a_gear_om_are_counted_in_statistics_and_metrics(kserve):
     images = np.random.default_rng(3).random((3, 3, 8, 8), dtype=np.float32)
-    np.testing.assert_array_equal(infer(kserve, "om_gears", {"images": images})["images_out"], images)
-    assert stats(kserve, "om_gears")["batch_padding_rows"] == 1  # 3 rows ran at gear 4
+    np.testing.assert_array_equal(infer(kserve, "om_gears", {"images": images}, "grpc")["images_out"], images)
+    assert statistics(kserve, "om_gears")["batch_padding_rows"] == 1  # 3 rows ran at gear 4
     metrics = requests.get(f"{kserve.url}/metrics", timeout=10).text
     assert 'ascend_batch_padding_rows{model="om_gears",version="1"} 1.0' in metrics
     with grpcclient.InferenceServerClient(kserve.grpc) as client:  # Triton's message has no such field: left out
@@ -321,7 +306,7 @@ def test_max_batch_size_above_the_largest_gear_fails_the_load_naming_the_gears(k
 
 def test_fp16_onnx_under_an_fp32_config_converts_at_the_boundary(kserve):
     x = np.random.default_rng(5).random((3, 4), dtype=np.float32)
-    y = infer(kserve, "half", {"x": x})["y"]
+    y = infer(kserve, "half", {"x": x}, "grpc")["y"]
     assert y.dtype == np.float32
     np.testing.assert_allclose(y, x * 2, rtol=1e-3)
     assert metadata(kserve, "half")["parameters"]["converted"] == "x:FP32->FP16,y:FP16->FP32"
@@ -330,7 +315,7 @@ def test_fp16_onnx_under_an_fp32_config_converts_at_the_boundary(kserve):
 
 def test_om_with_fp16_output_under_the_onnx_config_converts_the_output(kserve):
     images = np.random.default_rng(7).random((2, 4), dtype=np.float32)
-    scores = infer(kserve, "om_fp16_out", {"images": images})["scores"]
+    scores = infer(kserve, "om_fp16_out", {"images": images}, "grpc")["scores"]
     assert scores.dtype == np.float32
     np.testing.assert_array_equal(scores, images.astype(np.float16).astype(np.float32))
     assert metadata(kserve, "om_fp16_out")["parameters"]["converted"] == "scores:FP16->FP32"
@@ -347,13 +332,13 @@ def test_triton_serves_onnx_exported_with_batch_1_under_max_batch_size_8(triton)
 def test_both_servers_pad_one_row_to_a_static_batch_of_4_and_count_the_padding(target, request):
     server = request.getfixturevalue(target)
     inputs = {name: array[:1] for name, array in simple_inputs(np.random.default_rng(1)).items()}
-    simple_answers(inputs, infer(server, "simple_b4", inputs))
+    simple_answers(inputs, infer(server, "simple_b4", inputs, "grpc"))
     metrics = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
     assert 'ascend_batch_padding_rows{model="simple_b4",version="1"} 3' in metrics
 
 
 def test_triton_serves_an_fp16_onnx_under_an_fp32_config(triton):
     x = np.random.default_rng(5).random((3, 4), dtype=np.float32)
-    y = infer(triton, "half", {"x": x})["y"]
+    y = infer(triton, "half", {"x": x}, "grpc")["y"]
     assert y.dtype == np.float32
     np.testing.assert_allclose(y, x * 2, rtol=1e-3)

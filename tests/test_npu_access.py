@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import ROOT, Server, fake_acl_env, free_port, load_fake_acl, stop_server, wait_until
+from conftest import ROOT, Server, fake_acl_env, free_port, load_fake_acl, start, stop_server
 from kserve_ascend.core.execution import compile_cache, npu_access
 from test_cann_ep import CANN_VENV, CHECK_HOST, cann_python, environment, stubs, user_stubs, workspace  # noqa: F401 (fixtures)
 from test_manifests import DOCKER, instructions
@@ -104,19 +104,15 @@ def test_the_images_user_is_in_the_group_the_image_is_built_with(workspace, devi
 
 def start_as_user(workspace: Workspace, repository: Path, python: Path, env: dict, **user) -> Server:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = workspace.path / "server.log"
     command = [str(python), "-m", "kserve_ascend", "--model_dir", str(repository), "--http_port", str(http_port),
                "--grpc_port", str(grpc_port), "--metrics_port", str(metrics_port)]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(as_user(command, **user), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   cwd=workspace.directory("opt", owner=None))
-    server = Server(process, http_port, grpc_port, log, metrics_port)
 
-    def loaded() -> bool:
+    def loaded(server: Server) -> bool:
         index = requests.post(f"{server.url}/v2/repository/index", timeout=1).json()
         return bool(index) and all(entry["state"] != "LOADING" for entry in index)
 
-    return wait_until(server, loaded, timeout=60)
+    return start(as_user(command, **user), workspace.path / "server.log", http_port, grpc_port, metrics_port,
+                 ready=loaded, timeout=60, env=env, cwd=workspace.directory("opt", owner=None))
 
 
 def om_repository(workspace: Workspace) -> Path:

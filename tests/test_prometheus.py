@@ -23,7 +23,7 @@ import pytest
 import requests
 import yaml
 
-from conftest import ROOT, copy_model, fake_acl_env, free_port, load_fake_acl, start_server, start_triton, stop_server
+from conftest import ROOT, copy_model, fake_acl_env, free_port, load_fake_acl, start, start_server, start_triton, stop_server, wait_for
 
 MANIFESTS = ROOT / "manifests"
 RUNTIME = MANIFESTS / "base" / "clusterservingruntime.yaml"
@@ -245,43 +245,27 @@ def write_repository(directory: Path, version: int, om: bool) -> Path:
 
 
 class Prometheus:
+    """Debian's Prometheus with `config`, once ready: its HTTP API."""
+
     def __init__(self, workdir: Path, config: dict):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         path = workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         checked = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60, check=False)
         assert checked.returncode == 0, checked.stdout + checked.stderr
-        self.log = workdir / "prometheus.log"
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                stdout=out, stderr=subprocess.STDOUT)
+        port = free_port()
+        command = ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}"]
+        self.server = start(command, workdir / "prometheus.log", port, name="prometheus", ready="/-/ready")
 
     def get(self, path: str, **params) -> dict:
-        answer = requests.get(f"{self.url}/api/v1/{path}", params=params, timeout=10).json()
+        answer = requests.get(f"{self.server.url}/api/v1/{path}", params=params, timeout=10).json()
         assert answer["status"] == "success", answer
         return answer["data"]
 
     def query(self, expr: str) -> list[dict]:
         return self.get("query", query=expr)["result"]
 
-    def wait(self, condition, what: str, timeout: float = 60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if result := condition():
-                    return result
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"Prometheus: no {what} within {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(timeout=30)
+    def wait(self, condition, what: str):
+        return wait_for(condition, f"Prometheus: {what}", timeout=60, server=self.server)
 
 
 def load(servers: list, seconds: float) -> None:
@@ -356,7 +340,7 @@ def stack(tmp_path_factory):
         yield {"prometheus": prometheus, "pods": pods}
     finally:
         if prometheus is not None:
-            prometheus.stop()
+            stop_server(prometheus.server)
         for server in servers:
             stop_server(server)
 

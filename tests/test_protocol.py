@@ -12,7 +12,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import REPOSITORY
+from conftest import REPOSITORY, infer, tensors
 
 
 def direct(model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -27,26 +27,6 @@ def simple_inputs(rows: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
         "INPUT0": rng.integers(-1000, 1000, (rows, 16), dtype=np.int32),
         "INPUT1": rng.integers(-1000, 1000, (rows, 16), dtype=np.int32),
     }
-
-
-def http_infer(client, model, inputs, outputs=None, binary=True, **kwargs):
-    tensors = []
-    for name, array in inputs.items():
-        tensor = httpclient.InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32"}[array.dtype.type])
-        tensor.set_data_from_numpy(array, binary_data=binary)
-        tensors.append(tensor)
-    requested = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in outputs] if outputs else None
-    return client.infer(model, tensors, outputs=requested, **kwargs)
-
-
-def grpc_infer(client, model, inputs, outputs=None, **kwargs):
-    tensors = []
-    for name, array in inputs.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32"}[array.dtype.type])
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    requested = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
-    return client.infer(model, tensors, outputs=requested, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +77,8 @@ def test_model_config_endpoint(http, grpc):
 def test_simple_http_equals_onnxruntime(http, binary):
     inputs = simple_inputs(3)
     expected = direct("simple", inputs)
-    result = http_infer(http, "simple", inputs, outputs=["OUTPUT0", "OUTPUT1"], binary=binary, request_id="req-7")
+    outputs = [httpclient.InferRequestedOutput(name, binary_data=binary) for name in ("OUTPUT0", "OUTPUT1")]
+    result = http.infer("simple", tensors(httpclient, inputs, binary), outputs=outputs, request_id="req-7")
     for name, array in expected.items():
         np.testing.assert_array_equal(result.as_numpy(name), array)
     response = result.get_response()
@@ -107,26 +88,27 @@ def test_simple_http_equals_onnxruntime(http, binary):
 def test_simple_grpc_equals_onnxruntime(grpc):
     inputs = simple_inputs(2, seed=1)
     expected = direct("simple", inputs)
-    result = grpc_infer(grpc, "simple", inputs, request_id="g-1", model_version="1")
+    result = grpc.infer("simple", tensors(grpcclient, inputs), request_id="g-1", model_version="1")
     for name, array in expected.items():
         np.testing.assert_array_equal(result.as_numpy(name), array)
     assert result.get_response().id == "g-1"
 
 
-def test_requested_output_subset(http, grpc):
+def test_requested_output_subset(server):
     inputs = simple_inputs()
-    http_result = http_infer(http, "simple", inputs, outputs=["OUTPUT1"])
-    assert [o["name"] for o in http_result.get_response()["outputs"]] == ["OUTPUT1"]
-    grpc_result = grpc_infer(grpc, "simple", inputs, outputs=["OUTPUT0"])
-    assert [o.name for o in grpc_result.get_response().outputs] == ["OUTPUT0"]
-    np.testing.assert_array_equal(grpc_result.as_numpy("OUTPUT0"), inputs["INPUT0"] + inputs["INPUT1"])
+    answer = infer(server, "simple", inputs, outputs=["OUTPUT1"])
+    assert answer.keys() == {"OUTPUT1"}
+    np.testing.assert_array_equal(answer["OUTPUT1"], inputs["INPUT0"] - inputs["INPUT1"])
+    answer = infer(server, "simple", inputs, "grpc", outputs=["OUTPUT0"])
+    assert answer.keys() == {"OUTPUT0"}
+    np.testing.assert_array_equal(answer["OUTPUT0"], inputs["INPUT0"] + inputs["INPUT1"])
 
 
-def test_yolov8n_http_and_grpc_equal_onnxruntime(http, grpc):
+def test_yolov8n_http_and_grpc_equal_onnxruntime(server):
     images = np.random.default_rng(3).random((2, 3, 640, 640), dtype=np.float32)
     expected = direct("yolov8n", {"images": images})["output0"]
-    for result in (http_infer(http, "yolov8n", {"images": images}), grpc_infer(grpc, "yolov8n", {"images": images})):
-        output = result.as_numpy("output0")
+    for protocol in ("http", "grpc"):
+        output = infer(server, "yolov8n", {"images": images}, protocol)["output0"]
         assert output.shape == (2, 84, 8400)
         np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-5)
 

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, Server, copy_model, free_port, start_server, stop_server, wait_until
+from conftest import ROOT, copy_model, start_server, stop_server
 
 SIMPLE_INFER = "/v2/models/simple/infer"
 
@@ -78,19 +78,11 @@ def tls_server(tmp_path_factory, request):
     ca_file = directory / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     certfile, keyfile = write_server_files(ca, directory)
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = directory / "server.log"
-    command = [
-        sys.executable, "-m", "kserve_ascend", "--model_dir", str(directory / "models"),
-        "--http_port", str(http_port), "--grpc_port", str(grpc_port), "--metrics_port", str(metrics_port),
-        "--ssl_certfile", str(certfile), "--ssl_keyfile", str(keyfile),
-        *(("--workers", str(request.param)) if request.param > 1 else ()),
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    server = Server(process, http_port, grpc_port, log, metrics_port)
-    ready = f"https://{server.http}/v2/health/ready"
-    wait_until(server, lambda: requests.get(ready, verify=ca_file, timeout=1).status_code == 200, timeout=60)
+    tls = ("--ssl_certfile", str(certfile), "--ssl_keyfile", str(keyfile))
+    server = start_server(
+        directory / "models", directory / "server.log", *tls, workers=request.param,
+        wait=lambda server: requests.get(f"https://{server.http}/v2/health/ready", verify=ca_file, timeout=1).status_code == 200,
+    )  # fmt: skip
     yield server, directory, ca_file
     stop_server(server)
 

@@ -27,7 +27,7 @@ import seldon_merge
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
-from conftest import REPOSITORY, ROOT, Server, free_port, stop_server, wait_until
+from conftest import REPOSITORY, ROOT, Server, free_port, stop_server, wait_for
 from google.protobuf import text_format
 from kubernetes.utils.quantity import parse_quantity
 from test_kubernetes_examples import SELDON, shm_regions
@@ -130,7 +130,8 @@ def test_seldons_triton_command_line_serves_the_model_its_agent_loads(image_root
     with open(log, "wb") as out:
         process = subprocess.Popen(seldons_command(version, image_root, env), stdout=out, stderr=subprocess.STDOUT, env=pod_env)
     live = f"http://127.0.0.1:{http_port}/v2/health/live"  # the ServerConfig's probes
-    triton = wait_until(Server(process, http_port, grpc_port, log), lambda: requests.get(live, timeout=1).status_code == 200, timeout=60)
+    triton = Server(process, http_port, grpc_port, log)
+    wait_for(lambda: requests.get(live, timeout=1).status_code == 200, "Triton live", timeout=60, server=triton)
     try:
         # Every hop execs the next: the kubelet's SIGTERM reaches Triton itself.
         assert Path(f"/proc/{process.pid}/exe").resolve().name == "tritonserver"

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, triton_to_np_dtype
 
-from conftest import ROOT, copy_model, start_server, stop_server
+from conftest import ROOT, copy_model, start_server, stop_server, wait_for
 
 CONFORMANCE = ROOT / "conformance" / "models"
 #: Keys unique to this test process, so parallel runs never share a shared memory object.
@@ -92,10 +92,7 @@ def assert_released(server, key: str, model: str = "simple") -> None:
         assert_serves(server)
     else:
         assert requests.post(f"{server.url}/v2/models/{model}/infer", json=body).status_code == 200
-    deadline = time.monotonic() + 5
-    while mapped(server, key) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not mapped(server, key)
+    wait_for(lambda: not mapped(server, key), f"the server to unmap {key}", timeout=5, server=server)
 
 
 def assert_serves(server):
@@ -347,6 +344,7 @@ def test_status_and_unregister_of_one_region(server, http, grpc):
         assert sorted(r["name"] for r in http.get_system_shared_memory_status()) == ["a", "b"]
 
 
+@pytest.mark.serial  # the inference is to be running 200 ms after it was sent, and unregistering to answer within 600 ms
 def test_unregister_during_inference_waits_for_it(server, http):
     """Unregistering a region an inference is using answers at once; the mapping goes when the inference ends."""
     data = np.arange(16, dtype=np.int32).reshape(1, 16)

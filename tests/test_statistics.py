@@ -19,10 +19,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from google.protobuf import json_format
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2 as pb
 
-from conftest import REPOSITORY, copy_model, start_server, stop_server
+from conftest import REPOSITORY, copy_model, scrape, start_server, statistics, stop_server
 from kserve_ascend.core.config import read_config
 from kserve_ascend.core.execution.instance import Instance
 from kserve_ascend.core.execution.runtimes.sim import SimRuntime
@@ -112,11 +111,6 @@ def stats_server(tmp_path_factory):
     stop_server(srv)
 
 
-def statistics(server, model: str) -> dict:
-    [stats] = requests.get(f"{server.url}/v2/models/{model}/stats").json()["model_stats"]
-    return stats
-
-
 def test_compute_counts_agree_per_request_and_per_batch_size(stats_server):
     """perf_analyzer's check (equal compute counts), and Triton's accounting: each request is
     charged with its whole execution, each execution counted once under its batch size."""
@@ -170,10 +164,5 @@ def test_an_answer_that_cannot_be_written_fails_the_request(stats_server):
     counts = {key: after["inference_stats"][key]["count"] - before["inference_stats"][key]["count"] for key in ("success", "fail", *COMPUTE)}
     assert counts == {"success": 0, "fail": 1, "compute_input": 0, "compute_infer": 0, "compute_output": 0}
     assert after["execution_count"] == before["execution_count"] + 1
-    failures = {
-        sample.labels["reason"]: sample.value
-        for family in text_string_to_metric_families(requests.get(f"{stats_server.url}/metrics").text)
-        for sample in family.samples
-        if sample.name == "nv_inference_request_failure" and sample.labels["model"] == "simple"
-    }
+    failures = scrape(stats_server, stats_server.http_port).by("reason", "nv_inference_request_failure", model="simple")
     assert failures == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 1}

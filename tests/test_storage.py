@@ -26,11 +26,9 @@ import boto3
 import numpy as np
 import onnxruntime
 import pytest
-import requests
-import tritonclient.http as httpclient
 import yaml
 
-from conftest import REPOSITORY, ROOT, Server, free_port, stop_server, wait_until
+from conftest import REPOSITORY, ROOT, free_port, infer, start, stop_server
 from test_manifests import substitute
 
 MANIFESTS = ROOT / "manifests"
@@ -96,12 +94,8 @@ def s3(tmp_path_factory) -> str:
     slash would fetch too: S3 lists by prefix). Yields the endpoint as host:port."""
     port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                                   stdout=out, stderr=subprocess.STDOUT)
-    server = Server(process, port, 0, log)
-    endpoint = f"127.0.0.1:{port}"
-    wait_until(server, lambda: requests.get(f"http://{endpoint}/", timeout=1).ok, timeout=30)
+    server = start([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)], log, port, name="moto", ready="/")
+    endpoint = server.http
     client = boto3.client("s3", endpoint_url=f"http://{endpoint}", aws_access_key_id=ACCESS_KEY,
                           aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
@@ -175,20 +169,10 @@ def expected(images: np.ndarray) -> np.ndarray:
     return session.run(["output0"], {"images": images})[0]
 
 
-def infer_once(http_port: int) -> None:
+def infer_once(server) -> None:
     images = np.random.default_rng(0).random((1, 3, 640, 640), dtype=np.float32)
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
-    given = httpclient.InferInput("images", list(images.shape), "FP32")
-    given.set_data_from_numpy(images, binary_data=True)
-    result = client.infer("yolov8n", [given], outputs=[httpclient.InferRequestedOutput("output0", binary_data=True)])
-    np.testing.assert_allclose(result.as_numpy("output0"), expected(images), rtol=1e-4, atol=1e-4)
-
-
-def start(command: list[str], log: Path, http_port: int, ready_path: str, timeout: float) -> Server:
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(process, http_port, 0, log)
-    return wait_until(server, lambda: requests.get(f"http://127.0.0.1:{http_port}{ready_path}", timeout=1).status_code == 200, timeout)
+    answer = infer(server, "yolov8n", {"images": images}, outputs=["output0"])
+    np.testing.assert_allclose(answer["output0"], expected(images), rtol=1e-4, atol=1e-4)
 
 
 # --- InferenceService: storageUri -> /mnt/models -> the runtime's args ---------------------------
@@ -217,10 +201,10 @@ def test_the_runtime_serves_what_kserve_downloaded(s3, tmp_path, uri):
     assert "--model_dir=/mnt/models" in container["args"]
     ports = {flag: free_port() for flag in ("--http_port", "--grpc_port", "--metrics_port")}
     args = substitute(container["args"], {"--model_dir": str(mount), **{flag: str(port) for flag, port in ports.items()}})
-    server = start([str(Path(sys.executable).with_name("kserve-ascend")), *args], tmp_path / "runtime.log",
-                   ports["--http_port"], container["readinessProbe"]["httpGet"]["path"], timeout=120)
+    server = start([str(Path(sys.executable).with_name("kserve-ascend")), *args], tmp_path / "runtime.log", ports["--http_port"],
+                   name="kserve-ascend", ready=container["readinessProbe"]["httpGet"]["path"], timeout=120)
     try:
-        infer_once(ports["--http_port"])
+        infer_once(server)
     finally:
         stop_server(server)
 
@@ -284,9 +268,9 @@ def test_the_triton_deployment_downloads_with_its_initializer_and_serves(s3, old
     ports = {flag: free_port() for flag in ("--http-port", "--grpc-port", "--metrics-port")}
     args = substitute(server["args"], {"--model-repository": str(pod.path(server, repository)), **{f: str(p) for f, p in ports.items()}})
     command = [sys.executable, str(ROOT / "tools" / "run_triton.py"), f"--backend-directory={tmp_path / 'backends'}", *args]
-    triton = start(command, tmp_path / "triton.log", ports["--http-port"], server["readinessProbe"]["httpGet"]["path"], timeout=180)
+    triton = start(command, tmp_path / "triton.log", ports["--http-port"], name="triton", ready=server["readinessProbe"]["httpGet"]["path"], timeout=180)
     try:
-        infer_once(ports["--http-port"])
+        infer_once(triton)
     finally:
         stop_server(triton)
 

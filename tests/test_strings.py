@@ -20,7 +20,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor
 
-from conftest import ROOT, both_servers
+from conftest import ROOT, both_servers, infer
 
 CONFORMANCE = ROOT / "conformance" / "models"
 #: Queued long enough that requests sent together run as one batch.
@@ -51,16 +51,9 @@ NOT_UTF8 = b"\xc3\x28"  # a truncated two-byte sequence
 def answers(target, model: str, inputs: dict[str, np.ndarray], outputs: tuple[str, ...]) -> dict:
     """Each output's shape and elements (bytes) over REST JSON, REST binary, gRPC raw and gRPC typed contents."""
     found = {}
-    with httpclient.InferenceServerClient(target.http) as client:
-        for binary in (False, True):
-            tensors = []
-            for name, array in inputs.items():
-                tensors.append(httpclient.InferInput(name, list(array.shape), "BYTES"))
-                tensors[-1].set_data_from_numpy(array, binary_data=binary)
-            result = client.infer(model, tensors, outputs=[httpclient.InferRequestedOutput(n, binary_data=binary) for n in outputs])
-            for output in result.get_response()["outputs"]:
-                values = result.as_numpy(output["name"])
-                found[("rest", binary, output["name"])] = (output["shape"], [v if isinstance(v, bytes) else v.encode() for v in values.ravel()])
+    for binary in (False, True):
+        for name, values in infer(target, model, inputs, outputs=outputs, binary_data=binary).items():
+            found[("rest", binary, name)] = (list(values.shape), [v if isinstance(v, bytes) else v.encode() for v in values.ravel()])
     with grpclib.insecure_channel(target.grpc) as channel:
         request = pb.ModelInferRequest(model_name=model)
         for name, array in inputs.items():
@@ -68,14 +61,8 @@ def answers(target, model: str, inputs: dict[str, np.ndarray], outputs: tuple[st
         typed = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
         for index, output in enumerate(typed.outputs):
             found[("grpc-typed", output.name)] = (list(output.shape), list(deserialize_bytes_tensor(typed.raw_output_contents[index])))
-    with grpcclient.InferenceServerClient(target.grpc) as client:
-        tensors = []
-        for name, array in inputs.items():
-            tensors.append(grpcclient.InferInput(name, list(array.shape), "BYTES"))
-            tensors[-1].set_data_from_numpy(array)
-        result = client.infer(model, tensors)
-        for output in result.get_response().outputs:
-            found[("grpc-raw", output.name)] = (list(output.shape), list(result.as_numpy(output.name).ravel()))
+    for name, values in infer(target, model, inputs, "grpc").items():
+        found[("grpc-raw", name)] = (list(values.shape), list(values.ravel()))
     return found
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -9,23 +11,14 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, start_triton, stop_server
+from conftest import ROOT, copy_model, executions_by_batch_size, infer, scrape, start_triton, statistics, stop_server, tensors
 
 MODELS = (
     "sim", "simple", "yolov8n", "yolov8n_detect", "yolov8_preprocess", "yolov8_postprocess",
     "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence", "sequence_accumulator",
 )
-
-
-def tensors(module, inputs: dict[str, np.ndarray]):
-    result = []
-    for name, array in inputs.items():
-        tensor = module.InferInput(name, list(array.shape), {np.int32: "INT32", np.float32: "FP32"}[array.dtype.type])
-        tensor.set_data_from_numpy(array)
-        result.append(tensor)
-    return result
 
 
 def test_every_model_is_ready_in_triton(triton):
@@ -58,32 +51,24 @@ CASES = {
 def test_triton_and_kserve_give_the_same_outputs_over_http_and_grpc(triton, server, model):
     """One differential test driving both servers with the same inputs, over both protocols."""
     inputs = CASES[model](np.random.default_rng(11))
-    answers = []
-    for target in (triton, server):
-        with httpclient.InferenceServerClient(target.http) as client:
-            answers.append(client.infer(model, tensors(httpclient, inputs)))
-        with grpcclient.InferenceServerClient(target.grpc) as client:
-            answers.append(client.infer(model, tensors(grpcclient, inputs)))
-    names = [o["name"] for o in answers[0].get_response()["outputs"]]
-    reference = {name: answers[0].as_numpy(name) for name in names}
-    for answer in answers[1:]:
-        for name in names:
-            np.testing.assert_allclose(answer.as_numpy(name), reference[name], rtol=1e-5, atol=1e-6)
+    reference, *answers = [infer(target, model, inputs, protocol) for target in (triton, server) for protocol in ("http", "grpc")]
+    for answer in answers:
+        assert answer.keys() == reference.keys()
+        for name in reference:
+            np.testing.assert_allclose(answer[name], reference[name], rtol=1e-5, atol=1e-6)
     if model == "simple":
         np.testing.assert_array_equal(reference["OUTPUT0"], inputs["INPUT0"] + inputs["INPUT1"])
 
 
 def test_triton_dynamic_batcher_forms_batches_for_the_backend(triton):
     def call(index):
-        with grpcclient.InferenceServerClient(triton.grpc) as client:
-            data = np.full((1, 4), index, np.float32)
-            np.testing.assert_array_equal(client.infer("sim", tensors(grpcclient, {"INPUT0": data})).as_numpy("OUTPUT0"), data)
+        data = np.full((1, 4), index, np.float32)
+        np.testing.assert_array_equal(infer(triton, "sim", {"INPUT0": data}, "grpc")["OUTPUT0"], data)
 
-    with httpclient.InferenceServerClient(triton.http) as client:
-        before = client.get_inference_statistics("sim")["model_stats"][0]
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(call, range(32)))
-        after = client.get_inference_statistics("sim")["model_stats"][0]
+    before = statistics(triton, "sim")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(call, range(32)))
+    after = statistics(triton, "sim")
     inferences = after["inference_count"] - before["inference_count"]
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == 32
@@ -91,20 +76,64 @@ def test_triton_dynamic_batcher_forms_batches_for_the_backend(triton):
     assert max(b["batch_size"] for b in after["batch_stats"]) > 1
 
 
-def test_a_bad_request_in_triton_fails_alone(triton):
-    with httpclient.InferenceServerClient(triton.http) as client:
-        with pytest.raises(Exception, match="unexpected shape|expected|shape"):
-            bad = httpclient.InferInput("INPUT0", [1, 5], "FP32")
-            bad.set_data_from_numpy(np.ones((1, 5), np.float32))
-            client.infer("sim", [bad])
-        good = client.infer("sim", tensors(httpclient, {"INPUT0": np.ones((1, 4), np.float32)}))
-        assert good.as_numpy("OUTPUT0").sum() == 4
+#: One batch of this many requests: Triton's dynamic batcher sends it as soon as they have all come
+#: (preferred_batch_size), and waits up to 10 s for them.
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def batching_triton(tmp_path_factory):
+    """Real Triton serving conformance/models/simple_string (integers written as text, added by an
+    ONNX graph) through the `ascend` backend, with dynamic batching."""
+    repository = tmp_path_factory.mktemp("strings_repo")
+    model = repository / "simple_string"
+    shutil.copytree(ROOT / "conformance" / "models" / "simple_string", model)
+    with open(model / "config.pbtxt", "a") as config:
+        config.write(f"dynamic_batching {{ preferred_batch_size: [ {BATCH} ] max_queue_delay_microseconds: 10000000 }}\n")
+    server = start_triton(repository, tmp_path_factory.mktemp("strings_triton"))
+    yield server
+    stop_server(server)
+
+
+def test_a_bad_request_in_a_triton_batch_fails_alone_in_the_backend(batching_triton):
+    """Bytes that are not UTF-8 pass Triton's own checks (any bytes make a BYTES element) and reach the
+    `ascend` backend in a batch Triton formed with good requests: the backend refuses that request
+    alone (400, its reason), and answers the others in the same execution."""
+    triton = batching_triton
+    numbers = [np.arange(16, dtype=np.int32).reshape(1, 16) * (index + 1) for index in range(BATCH)]
+    good = {"INPUT1": np.array([[b"1"] * 16], dtype=object)}
+
+    def send(index: int):
+        text = np.array([[str(n).encode() for n in numbers[index].ravel()]], dtype=object)
+        if index == 1:
+            text[0, 5] = b"\xff\xfe"  # not UTF-8
+        try:
+            return infer(triton, "simple_string", {"INPUT0": text, **good}, "grpc" if index % 2 else "http")
+        except InferenceServerException as error:
+            return error
+
+    before = statistics(triton, "simple_string")
+    with ThreadPoolExecutor(BATCH) as pool:
+        answers = list(pool.map(send, range(BATCH)))
+    after = statistics(triton, "simple_string")
+
+    refused = answers.pop(1)
+    assert isinstance(refused, InferenceServerException), refused
+    assert refused.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "input 'INPUT0' element 5 is not UTF-8 text" in refused.message()
+    for index, answer in zip((0, 2, 3), answers):
+        assert not isinstance(answer, Exception), answer
+        np.testing.assert_array_equal(answer["OUTPUT0"].astype(np.int64), numbers[index] + 1)
+        np.testing.assert_array_equal(answer["OUTPUT1"].astype(np.int64), numbers[index] - 1)
+    # Triton formed one batch of all four: one execution of batch size 4 ran.
+    assert after["execution_count"] - before["execution_count"] == 1
+    executed = Counter(executions_by_batch_size(after))
+    executed.subtract(executions_by_batch_size(before))
+    assert +executed == {BATCH: 1}
 
 
 def test_triton_metrics_list_the_models(triton):
-    text = requests.get(f"http://127.0.0.1:{triton.metrics_port}/metrics").text
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    models = {s.labels["model"] for s in families["nv_inference_request_success"].samples}
+    models = set(scrape(triton).by("model", "nv_inference_request_success"))
     assert set(MODELS) <= models
 
 

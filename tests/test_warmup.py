@@ -19,7 +19,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import serialize_byte_tensor
 
-from conftest import FAKE_ACL, fake_acl_env, load_fake_acl, start_server, start_triton, stop_server, wait_until, write_faults
+from conftest import FAKE_ACL, fake_acl_env, load_fake_acl, start_server, start_triton, stop_server, wait_for, write_faults
 from kserve_ascend.core.errors import ModelLoadError
 from kserve_ascend.core.execution.warmup import configured_samples, default_samples
 
@@ -198,7 +198,8 @@ def test_a_model_is_not_ready_while_its_warmup_runs(kserve):
     loading.start()
     late_loading = {"name": "late", "state": "LOADING", "reason": "loading"}
     try:
-        wait_until(server, lambda: late_loading in requests.post(f"{server.url}/v2/repository/index", timeout=5).json(), timeout=10)
+        index = f"{server.url}/v2/repository/index"
+        wait_for(lambda: late_loading in requests.post(index, timeout=5).json(), "the late model loading", timeout=10, server=server)
         for _ in range(5):  # held in warmup: never ready, the load never answered
             assert requests.get(f"{server.url}/v2/models/late/ready", timeout=5).status_code == 400
             assert requests.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 400
@@ -243,13 +244,13 @@ def test_models_waiting_for_their_turn_at_start_up_are_loading_not_unloaded(tmp_
         return {e["name"]: (e["state"], e["reason"]) for e in requests.post(f"{server.url}/v2/repository/index", timeout=5).json()}
 
     try:
-        wait_until(server, lambda: states()["a_ready"][0] == "READY", timeout=30)
+        wait_for(lambda: states()["a_ready"][0] == "READY", "a_ready loaded", server=server)
         assert states() == {"a_ready": ("READY", ""), "b_held": ("LOADING", "loading"), "c_next": ("LOADING", "loading")}
         assert requests.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 400
         write_faults(faults, [{"release": True}])
         # The fake reads its control file at its next call: a scrape asks the loaded model's device.
         requests.get(f"{server.url}/metrics", timeout=10)
-        wait_until(server, lambda: requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200, timeout=30)
+        wait_for(lambda: requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200, "the server ready", server=server)
         assert {state for state, _ in states().values()} == {"READY"}
     finally:
         stop_server(server)

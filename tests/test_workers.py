@@ -19,21 +19,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from concurrent import futures
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from google.protobuf import json_format, text_format
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import REPOSITORY, ROOT, alive, copy_model, descendants, free_port, start_server, stop_server
+from conftest import REPOSITORY, ROOT, alive, copy_model, descendants, free_port, pending, post_infer, scrape, start_server, stop_server, until, wait_for
 
 SIMPLE = {
     "inputs": [
@@ -134,15 +131,6 @@ def statistics(connection, model: str) -> dict:
     return get(connection, f"/v2/models/{model}/stats")[1]["model_stats"][0]
 
 
-def samples(text: str, name: str, **labels) -> list[float]:
-    return [
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    ]
-
-
 # ---------------------------------------------------------------- one engine, two frontends
 
 
@@ -194,7 +182,7 @@ def test_requests_from_both_frontends_batch_together(server):
 def test_statistics_and_metrics_sum_over_the_frontends(server):
     (first, *_), (second, *_) = connections(server, per_frontend=1).values()
     before = statistics(first, "simple")["inference_stats"]
-    before_v1 = samples(requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text, "request_predict_seconds_count", model_name="simple")
+    before_v1 = scrape(server).values("request_predict_seconds_count", model_name="simple")
     for connection, count in ((first, 3), (second, 2)):
         for _ in range(count):
             assert post(connection, "/v2/models/simple/infer", SIMPLE)[0] == 200
@@ -205,13 +193,12 @@ def test_statistics_and_metrics_sum_over_the_frontends(server):
         stats = statistics(connection, "simple")["inference_stats"]
         assert stats["success"]["count"] - before["success"]["count"] == 7
         assert {stats[key]["count"] for key in ("success", "compute_input", "compute_infer", "compute_output")} == {stats["success"]["count"]}
-    http_port = requests.get(f"{server.url}/metrics").text
-    metrics_port = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics").text
-    for text in (http_port, metrics_port):
-        assert samples(text, "nv_inference_request_success", model="simple") == [stats["success"]["count"]]
-    after_v1 = samples(metrics_port, "request_predict_seconds_count", model_name="simple")
+    http_port, metrics_port = scrape(server, server.http_port), scrape(server)
+    for metrics in (http_port, metrics_port):
+        assert metrics.values("nv_inference_request_success", model="simple") == [stats["success"]["count"]]
+    after_v1 = metrics_port.values("request_predict_seconds_count", model_name="simple")
     assert after_v1[0] - (before_v1[0] if before_v1 else 0) == 2
-    assert samples(http_port, "request_predict_seconds_count", model_name="simple") == after_v1
+    assert http_port.values("request_predict_seconds_count", model_name="simple") == after_v1
 
 
 def test_a_shared_memory_region_registered_through_one_frontend_serves_through_another(server):
@@ -260,11 +247,11 @@ def test_a_shared_memory_region_registered_through_one_frontend_serves_through_a
         shm.destroy_shared_memory_region(region_in)
         shm.destroy_shared_memory_region(region_out)
     # Unregistered: no process of the server maps the client's objects any more.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(mapping(pid, key_in) or mapping(pid, key_out) for pid in [server.process.pid, *frontends(server)]):
+    def unmapped() -> bool:
         assert post(first, "/v2/models/simple/infer", SIMPLE)[0] == 200  # the last batch over them goes
-        time.sleep(0.1)
-    assert not any(mapping(pid, key_in) or mapping(pid, key_out) for pid in [server.process.pid, *frontends(server)])
+        return not any(mapping(pid, key_in) or mapping(pid, key_out) for pid in [server.process.pid, *frontends(server)])
+
+    wait_for(unmapped, "every process of the server to unmap the regions", timeout=10)
 
 
 def mapping(pid: int, key: str) -> bool:
@@ -317,11 +304,7 @@ def test_sigterm_answers_every_request_in_flight_then_exits(tmp_path):
         with futures.ThreadPoolExecutor(6) as pool:
             rest = [pool.submit(post, connection, "/v2/models/held/infer", sim_body(i)) for i, connection in enumerate(held)]
             grpc = [pool.submit(grpc_client.infer, "held", [tensor]) for _ in range(2)]
-            metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
-            deadline = time.monotonic() + 10
-            while samples(requests.get(metrics).text, "nv_inference_pending_request_count", model="held") != [6.0]:
-                assert time.monotonic() < deadline, "the requests did not all reach the engine"
-                time.sleep(0.02)
+            wait_for(lambda: pending(server, "held") == 6, "every request to reach the engine", timeout=10)
             server.process.send_signal(signal.SIGTERM)
             answers = [future.result(timeout=30) for future in rest]
             grpc_answers = [future.result(timeout=30).as_numpy("OUTPUT0") for future in grpc]
@@ -345,10 +328,7 @@ def test_a_killed_frontend_is_replaced_while_the_other_serves_on(tmp_path):
         assert post(kept, "/v2/models/simple/infer", SIMPLE)[0] == 200  # the other frontend serves on
         with pytest.raises((ConnectionError, http.client.HTTPException)):
             post(lost, "/v2/models/simple/infer", SIMPLE)  # the killed one's clients lose their connection
-        deadline = time.monotonic() + 60
-        while len(re.findall(r"frontend \d \(pid \d+\) serving", server.output())) < 3:
-            assert time.monotonic() < deadline, "no frontend replaced the killed one"
-            time.sleep(0.2)
+        wait_for(lambda: len(re.findall(r"frontend \d \(pid \d+\) serving", server.output())) >= 3, "a frontend to replace the killed one", timeout=60)
         replacement = set(frontends(server)) - {survivor}
         assert len(replacement) == 1 and victim not in replacement
         # New connections reach both frontends again, and every one is served.
@@ -372,17 +352,17 @@ def test_frontends_end_when_their_engine_is_killed(tmp_path):
     big = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 640, 640], "data": [0.5] * (3 * 640 * 640)}]}
     body = orjson.dumps(big)
     for _ in range(4):  # with both frontends' codec processes started (by the first large body each gets)
-        assert requests.post(f"{server.url}/v2/models/yolov8n/infer", data=body, timeout=60).status_code == 200
+        assert post_infer(server, "yolov8n", body, timeout=60).status_code == 200
     started = descendants(server.process.pid)
     assert len(started) >= 2
     server.process.kill()
     server.process.wait()
-    deadline = time.monotonic() + 15
-    while (left := [pid for pid in started if alive(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, "processes outlived their engine"
+    try:
+        wait_for(lambda: not any(alive(pid) for pid in started), "every process to end with its engine", timeout=15)
+    finally:
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_frontend_that_cannot_start_stops_the_server(tmp_path):
@@ -468,7 +448,12 @@ def test_tensors_cross_in_shared_memory_and_messages_stay_small(tmp_path):
             with result.answering():
                 np.testing.assert_array_equal(result.outputs["OUTPUT0"], data)
             del result
-            await asyncio.sleep(0.05)  # the frees and the done report
+
+            def kinds(direction: str) -> set[str]:
+                return {type(message).__name__ for message, _ in linked.sent[direction][before[direction]:]}
+
+            # What follows the answer: the frontend reports it done and frees the engine's outputs, the engine frees its inputs.
+            await until(lambda: {"Done", "Free"} <= kinds("to engine") and "Free" in kinds("to frontend"), "the frees and the done report")
             answers[name] = [max(size for _, size in seen[before[direction]:]) for direction, seen in linked.sent.items()]
         statistics = (await linked.dataplane.statistics("large"))["model_stats"][0]["inference_stats"]
         linked.close()
@@ -517,7 +502,7 @@ def test_an_engine_and_a_frontend_of_different_versions_refuse_each_other(tmp_pa
     async def scenario():
         linked = Linked(Repository(tmp_path))
         linked.frontend.channel.send(messages.Hello(messages.VERSION + 1))
-        await asyncio.sleep(0.05)
+        await until(lambda: linked.link.channel.closed, "the engine's end to refuse the frontend")
         try:
             await linked.frontend.infer(InferRequest("small", {"INPUT0": np.zeros((1, 4), np.float32)}))
         finally:

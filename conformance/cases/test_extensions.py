@@ -1,11 +1,14 @@
 """The Triton protocol extensions a server declares in its metadata; each case is skipped when not declared."""
 
+import os
+
 import numpy as np
 import pytest
 import requests
 import tritonclient.http as httpclient
 
-from conftest import simple_body
+from conformance.harness import wait_for
+from conftest import assert_serves, simple_body
 
 
 @pytest.mark.spec("Triton extension_model_repository.md §Index")
@@ -64,9 +67,18 @@ def test_repository_load_failure_is_4xx(url, case, requires):
 @pytest.mark.spec("Triton extension_statistics.md")
 def test_statistics_count_inferences(url, http, grpc, requires):
     requires("statistics")
-    before = http.get_inference_statistics("simple")["model_stats"][0]
-    requests.post(f"{url}/v2/models/simple/infer", json=simple_body())
-    after = http.get_inference_statistics("simple", "1")["model_stats"][0]
+
+    def statistics() -> dict:
+        return http.get_inference_statistics("simple", "1")["model_stats"][0]
+
+    before = statistics()
+    assert_serves(url)  # one inference, answered correctly
+
+    def counted() -> dict | None:  # Triton records a request once its response is out: a moment after the answer
+        now = statistics()
+        return now if now["inference_stats"]["success"]["count"] > before["inference_stats"]["success"]["count"] else None
+
+    after = wait_for(counted, "the inference counted", timeout=10)
     assert (after["name"], after["version"]) == ("simple", "1")
     assert after["inference_count"] == before["inference_count"] + 1
     assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
@@ -103,7 +115,7 @@ def test_system_shared_memory_inference(target, requires):
     import tritonclient.utils.shared_memory as shm
 
     data = np.arange(16, dtype=np.int32).reshape(1, 16)
-    name = f"conformance_{target.name}"
+    name = f"conformance_{target.name}_{os.getpid()}"  # two runs at once (against two servers) use two regions
     handle = shm.create_shared_memory_region(name, f"/{name}", 3 * 64)
     try:
         shm.set_shared_memory_region(handle, [data, data])

@@ -14,6 +14,10 @@ from conftest import DATATYPES, SAMPLES, identity, simple_body
 OIP = "OIP v2 required_api.md"
 BINARY = "Triton extension_binary_data.md"
 
+#: simple's answer to simple_body(): OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1.
+SUM = [i + 1 for i in range(16)]
+DIFFERENCE = [i - 1 for i in range(16)]
+
 
 def json_data(array: np.ndarray) -> list:
     if array.dtype == object:
@@ -89,38 +93,51 @@ def test_grpc_typed_contents_each_datatype(stub, datatype):
     np.testing.assert_array_equal(got.reshape(1, 3), array)
 
 
+def simple_tensors(module) -> list:
+    """simple's INPUT0 and INPUT1, both [1, 16] of 3: its OUTPUT0 is 6s, its OUTPUT1 0s."""
+    tensors = []
+    for name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(np.full((1, 16), 3, np.int32))
+        tensors.append(tensor)
+    return tensors
+
+
+def json_outputs(response: requests.Response) -> dict[str, list]:
+    assert response.status_code == 200, response.text
+    return {o["name"]: o["data"] for o in response.json()["outputs"]}
+
+
 @pytest.mark.spec(f"{OIP} §HTTP/REST /v2/models/{{m}}/versions/{{v}}/infer; §Inference Response (model_version)")
 def test_infer_with_explicit_version(url, grpc):
     response = requests.post(f"{url}/v2/models/simple/versions/1/infer", json=simple_body())
-    assert response.status_code == 200 and response.json()["model_version"] == "1"
-    tensors = []
-    for name in ("INPUT0", "INPUT1"):
-        tensor = grpcclient.InferInput(name, [1, 16], "INT32")
-        tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
-        tensors.append(tensor)
-    assert grpc.infer("simple", tensors, model_version="1").get_response().model_version == "1"
+    assert json_outputs(response) == {"OUTPUT0": SUM, "OUTPUT1": DIFFERENCE}
+    assert response.json()["model_version"] == "1"
+    result = grpc.infer("simple", simple_tensors(grpcclient), model_version="1")
+    assert result.get_response().model_version == "1"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), 6, np.int32))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros((1, 16), np.int32))
 
 
 @pytest.mark.spec(f"{OIP} §Inference Response JSON Object (id echoes the request id)")
 def test_request_id_is_echoed(url, grpc):
-    assert requests.post(f"{url}/v2/models/simple/infer", json=simple_body(id="conf-42")).json()["id"] == "conf-42"
+    response = requests.post(f"{url}/v2/models/simple/infer", json=simple_body(id="conf-42"))
+    assert json_outputs(response) == {"OUTPUT0": SUM, "OUTPUT1": DIFFERENCE} and response.json()["id"] == "conf-42"
+    data = np.array([[7, -8, 9]], np.int32)
     tensor = grpcclient.InferInput("INPUT0", [1, 3], "INT32")
-    tensor.set_data_from_numpy(np.ones((1, 3), np.int32))
-    assert grpc.infer("identity_int32", [tensor], request_id="g-42").get_response().id == "g-42"
+    tensor.set_data_from_numpy(data)
+    result = grpc.infer("identity_int32", [tensor], request_id="g-42")
+    assert result.get_response().id == "g-42"
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
 
 
 @pytest.mark.spec(f"{OIP} §Request Output (a subset of outputs)")
 def test_requested_output_subset(url, grpc):
-    response = requests.post(f"{url}/v2/models/simple/infer", json=simple_body(outputs=[{"name": "OUTPUT1"}])).json()
-    assert [o["name"] for o in response["outputs"]] == ["OUTPUT1"]  # and only it
-    assert response["outputs"][0]["data"] == [i - 1 for i in range(16)]
-    tensors = []
-    for name in ("INPUT0", "INPUT1"):
-        tensor = grpcclient.InferInput(name, [1, 16], "INT32")
-        tensor.set_data_from_numpy(np.ones((1, 16), np.int32))
-        tensors.append(tensor)
-    result = grpc.infer("simple", tensors, outputs=[grpcclient.InferRequestedOutput("OUTPUT0")])
+    response = requests.post(f"{url}/v2/models/simple/infer", json=simple_body(outputs=[{"name": "OUTPUT1"}]))
+    assert json_outputs(response) == {"OUTPUT1": DIFFERENCE}  # and only it
+    result = grpc.infer("simple", simple_tensors(grpcclient), outputs=[grpcclient.InferRequestedOutput("OUTPUT0")])
     assert [o.name for o in result.get_response().outputs] == ["OUTPUT0"]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 16), 6, np.int32))
 
 
 @pytest.mark.spec(f"{BINARY} (binary_data output parameter, JSON inputs)")
@@ -132,26 +149,28 @@ def test_binary_data_output_parameter(url):
     header = requests.models.complexjson.loads(response.content[:length])
     outputs = {o["name"]: o for o in header["outputs"]}  # OIP leaves the order of outputs open
     assert outputs["OUTPUT0"]["parameters"]["binary_data_size"] == 64 and "data" not in outputs["OUTPUT0"]
-    assert outputs["OUTPUT1"]["data"] == [i - 1 for i in range(16)]
-    np.testing.assert_array_equal(np.frombuffer(response.content[length:], np.int32), np.arange(16) + 1)
+    assert outputs["OUTPUT1"]["data"] == DIFFERENCE
+    assert np.frombuffer(response.content[length:], np.int32).tolist() == SUM
 
 
 @pytest.mark.spec(f"{BINARY} (binary_data_output request parameter)")
 def test_binary_data_output_request_parameter(url):
     response = requests.post(f"{url}/v2/models/simple/infer", json=simple_body(parameters={"binary_data_output": True}))
+    assert response.status_code == 200, response.text
     length = int(response.headers["Inference-Header-Content-Length"])
     header = requests.models.complexjson.loads(response.content[:length])
     assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [64, 64]
     assert len(response.content) == length + 128
+    # The binary outputs follow the header in the order of its outputs (which OIP leaves open).
+    blobs = {o["name"]: response.content[length + 64 * i : length + 64 * (i + 1)] for i, o in enumerate(header["outputs"])}
+    assert {name: np.frombuffer(blob, np.int32).tolist() for name, blob in blobs.items()} == {"OUTPUT0": SUM, "OUTPUT1": DIFFERENCE}
 
 
 @pytest.mark.spec("curl usage: a JSON body without a JSON Content-Type (curl -d)")
 def test_json_body_without_content_type(url):
     body = requests.models.complexjson.dumps(simple_body()).encode()
     response = requests.post(f"{url}/v2/models/simple/infer", data=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
-    assert response.status_code == 200, response.text
-    outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
-    assert outputs["OUTPUT0"] == [i + 1 for i in range(16)]
+    assert json_outputs(response) == {"OUTPUT0": SUM, "OUTPUT1": DIFFERENCE}
 
 
 @pytest.mark.spec(f"{OIP} §GRPC ModelStreamInfer")
@@ -184,4 +203,4 @@ def test_curl_d_infer_as_a_user_types_it(url):
     body = json.dumps(simple_body())
     result = subprocess.run(["curl", "-s", "-d", body, f"{url}/v2/models/simple/infer"], capture_output=True, text=True, timeout=30)
     outputs = {o["name"]: o["data"] for o in json.loads(result.stdout)["outputs"]}
-    assert outputs["OUTPUT0"] == [i + 1 for i in range(16)] and outputs["OUTPUT1"] == [i - 1 for i in range(16)]
+    assert outputs == {"OUTPUT0": SUM, "OUTPUT1": DIFFERENCE}

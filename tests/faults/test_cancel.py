@@ -18,16 +18,26 @@ from __future__ import annotations
 import queue
 import socket
 import threading
-import time
 
 import numpy as np
 import orjson
 import pytest
-import requests
 import tritonclient.grpc as grpcclient
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import fake_acl_env, load_fake_acl, start_server, stop_server, write_faults
+from conftest import (
+    fake_acl_env,
+    hold_executions,
+    load_fake_acl,
+    pending,
+    post_infer,
+    release_executions,
+    scrape,
+    start_server,
+    statistics,
+    stop_server,
+    wait_for,
+    write_faults,
+)
 
 MODEL = "held"
 ACL_FLOAT = 0
@@ -55,52 +65,16 @@ def server(request, tmp_path_factory):
 # ---------------------------------------------------------------- the server's side
 
 
-def metric(server, name: str, **labels: str) -> float:
-    """A sample of the model's metrics (scraping also makes the FAKE pyACL read its fault file)."""
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
-    wanted = {"model": MODEL, **labels}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()):
-                return sample.value
-    raise AssertionError(f"no sample {name}{wanted}")
-
-
 def counts(server) -> dict[str, int]:
     """What the statistics and metrics count of the model's requests so far."""
-    stats = requests.get(f"{server.url}/v2/models/{MODEL}/stats", timeout=10).json()["model_stats"][0]
+    stats = statistics(server, MODEL)
+    failures = scrape(server).by("reason", "nv_inference_request_failure", model=MODEL)
     return {
         "executions": stats["execution_count"],
         "success": stats["inference_stats"]["success"]["count"],
         "fail": stats["inference_stats"]["fail"]["count"],
-        **{
-            reason: int(metric(server, "nv_inference_request_failure", reason=reason))
-            for reason in ("CANCELED", "BACKEND", "OTHER")
-        },
+        **{reason: int(failures[reason]) for reason in ("CANCELED", "BACKEND", "OTHER")},
     }
-
-
-def wait_for(condition, what: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not {what} after {timeout} s")
-        time.sleep(0.02)
-
-
-def pending(server) -> int:
-    return int(metric(server, "nv_inference_pending_request_count"))
-
-
-def hold_executions(server) -> None:
-    """The model's next execution blocks in its device call until `release`."""
-    write_faults(server.faults, [{"call": "acl.rt.set_context", "hang": True}])
-    metric(server, "nv_inference_pending_request_count")  # an ACL call: the fake arms the hang now
-
-
-def release(server) -> None:
-    write_faults(server.faults, [{"release": True}])
-    metric(server, "nv_inference_pending_request_count")  # an ACL call: the fake reads the release
 
 
 def cancelled_alone(server, before: dict, after: dict, cancelled: int) -> None:
@@ -159,19 +133,19 @@ def test_http_client_leaving_cancels_its_request(server):
     hold_executions(server)
     try:
         clients = [http_sent(server, value) for value in range(CANCELLED)]
-        wait_for(lambda: pending(server) == CANCELLED - 1, "one executing, the others queued")
+        wait_for(lambda: pending(server, MODEL) == CANCELLED - 1, "one executing, the others queued")
         for sock in clients:
             sock.close()  # the queued ones leave the queue; the executing one runs to its end
         wait_for(lambda: counts(server)["CANCELED"] - before["CANCELED"] == CANCELLED, "counted CANCELED")
-        assert pending(server) == 0
+        assert pending(server, MODEL) == 0
         survivor = {}
         thread = threading.Thread(
-            target=lambda: survivor.update(answer=requests.post(f"{server.url}/v2/models/{MODEL}/infer", data=body(7), timeout=30))
+            target=lambda: survivor.update(answer=post_infer(server, MODEL, body(7)))
         )
         thread.start()
-        wait_for(lambda: pending(server) == 1, "queued behind the held execution")
+        wait_for(lambda: pending(server, MODEL) == 1, "queued behind the held execution")
     finally:
-        release(server)
+        release_executions(server)
     thread.join(timeout=30)
     answer = survivor["answer"]
     assert answer.status_code == 200, answer.text
@@ -187,7 +161,7 @@ def test_grpc_cancel_and_deadline_cancel_the_request(server):
     hold_executions(server)
     try:
         calls = [client.async_infer(MODEL, grpc_inputs(value), answers) for value in range(CANCELLED)]
-        wait_for(lambda: pending(server) == CANCELLED - 1, "one executing, the others queued")
+        wait_for(lambda: pending(server, MODEL) == CANCELLED - 1, "one executing, the others queued")
         for call in calls:
             call.cancel()
         for _ in calls:
@@ -198,11 +172,11 @@ def test_grpc_cancel_and_deadline_cancel_the_request(server):
         result, error = answers.next()
         assert result is None and error.status() == "StatusCode.DEADLINE_EXCEEDED"
         wait_for(lambda: counts(server)["CANCELED"] - before["CANCELED"] == CANCELLED + 1, "counted CANCELED")
-        assert pending(server) == 0
+        assert pending(server, MODEL) == 0
         client.async_infer(MODEL, grpc_inputs(7), answers)
-        wait_for(lambda: pending(server) == 1, "queued behind the held execution")
+        wait_for(lambda: pending(server, MODEL) == 1, "queued behind the held execution")
     finally:
-        release(server)
+        release_executions(server)
     result, error = answers.next()
     assert error is None, error
     assert result.as_numpy("INPUT0_out").tolist() == [[7.0] * 4]

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import fake_acl_env, load_fake_acl, start_server, stop_server, write_faults
+from conftest import fake_acl_env, json_body, load_fake_acl, post_infer, scrape, start_server, stop_server, write_faults
 
 fake_acl = load_fake_acl()  # only to write .om descriptors; the servers import their own as `acl`
 MODEL_EXECUTE = 507011  # ACL_ERROR_RT_MODEL_EXECUTE, rt_error_codes.h: a failed execution, the context usable
@@ -74,15 +74,11 @@ def server(request, tmp_path_factory):
     stop_server(server)
 
 
-def infer(server, value: float) -> requests.Response:
-    body = {"inputs": [{"name": "images", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}
-    return requests.post(f"{server.url}/v2/models/pair/infer", json=body, timeout=30)
-
-
 def under_load(server) -> list[tuple[float, requests.Response]]:
     """CLIENTS clients, each sending REQUESTS_EACH requests one after another, each request its own value."""
     def client(index):
-        return [(v, infer(server, v)) for v in (index * 100.0 + i for i in range(REQUESTS_EACH))]
+        values = [index * 100.0 + i for i in range(REQUESTS_EACH)]
+        return [(v, post_infer(server, "pair", json_body({"images": np.full((1, 4), v, np.float32)}))) for v in values]
 
     with ThreadPoolExecutor(CLIENTS) as pool:
         return [answer for answers in pool.map(client, range(CLIENTS)) for answer in answers]
@@ -101,9 +97,7 @@ def failed_with(answers, code: int) -> int:
 
 
 def healthy(server) -> dict[str, float]:
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "ascend_instance_healthy")
-    return {s.labels["device"]: s.value for s in family.samples if s.labels["model"] == "pair"}
+    return scrape(server).by("device", "ascend_instance_healthy", model="pair")
 
 
 def test_an_execution_error_fails_only_its_batch_and_both_instances_serve_on(server):
@@ -130,7 +124,7 @@ def sequence_request(server, value: int, **flags) -> requests.Response:
         "parameters": {"sequence_id": 42, **flags},
         "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}],
     }
-    return requests.post(f"{server.url}/v2/models/seq/infer", json=body, timeout=30)
+    return post_infer(server, "seq", body)
 
 
 def test_an_execution_error_in_a_sequence_fails_that_request_and_the_sequence_goes_on(server):

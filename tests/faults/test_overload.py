@@ -29,11 +29,10 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from google.protobuf import text_format
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, start_server, stop_server
+from conftest import copy_model, scrape, start_server, stop_server, wait_for
 from kserve_ascend.core.scheduling.adaptive import CostModel
 from kserve_ascend.core.scheduling.queue import BatchQueue, Pending
 from kserve_ascend.core.errors import Unavailable
@@ -219,16 +218,8 @@ def test_a_thousand_connections_are_answered_with_success_or_503_in_bounded_memo
     assert requests.post(url, json=BODIES[model], timeout=30).status_code == 200
 
 
-def pending_requests(server, model: str) -> float:
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "nv_inference_pending_request_count")
-    return next(s.value for s in family.samples if s.labels["model"] == model)
-
-
 def rejected(server, model: str) -> float:
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "nv_inference_request_failure")
-    return next(s.value for s in family.samples if s.labels["model"] == model and s.labels["reason"] == "REJECTED")
+    return scrape(server)("nv_inference_request_failure", model=model, reason="REJECTED")
 
 
 def test_a_request_that_cannot_be_served_within_its_timeout_is_refused_on_arrival(server):
@@ -239,10 +230,8 @@ def test_a_request_that_cannot_be_served_within_its_timeout_is_refused_on_arriva
     patient = {**body, "parameters": {"timeout": 30_000_000}}  # 30 s: admitted behind any of these
     with ThreadPoolExecutor(16) as pool:
         queued = [pool.submit(requests.post, url, json=patient, timeout=60) for _ in range(16)]
-        deadline = time.monotonic() + 30
-        while pending_requests(server, "sim_deadline") < 8:  # 800 ms of work ahead of the next request
-            assert time.monotonic() < deadline, "the requests did not queue"
-            time.sleep(0.01)
+        # 800 ms of work ahead of the next request.
+        wait_for(lambda: scrape(server)("nv_inference_pending_request_count", model="sim_deadline") >= 8, "eight requests queued", server=server)
         refused = requests.post(url, json=body, timeout=30)
         with grpcclient.InferenceServerClient(server.grpc) as client:
             tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")

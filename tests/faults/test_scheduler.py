@@ -23,21 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnx
 import pytest
-import requests
-import tritonclient.grpc as grpcclient
 from google.protobuf import text_format
 from onnx import TensorProto, helper
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, core_request, start_server, stop_server
+from conftest import copy_model, core_request, infer, json_body, post_infer, scrape, start_server, stop_server, until
+from kserve_ascend.core.contracts import Request, RequestOptions
+from kserve_ascend.core.errors import InternalError
 from kserve_ascend.core.scheduling import sequences as sequence
 from kserve_ascend.core.scheduling.batcher import DynamicBatcher
 from kserve_ascend.core.scheduling.queue import BatchQueue
-from kserve_ascend.core.errors import InternalError
 from kserve_ascend.core.scheduling.sequencer import SequenceScheduler
-from kserve_ascend.core.contracts import Request, RequestOptions
 from kserve_ascend.core.stats import RequestTiming, VersionStats
 
 #: Every in-process wait is bounded: a request the scheduler lost would hang the test instead of failing it.
@@ -126,10 +123,8 @@ def test_a_fault_forming_a_batch_fails_the_request_it_began_with_and_the_instanc
         scheduler = DynamicBatcher([echo], [ThreadPoolExecutor(1)], FormingFails(1, mc.ModelDynamicBatching()), VersionStats())
         first = await serve(scheduler, [1, 2, 3])
         then = await serve(scheduler, [4])
-        for _ in range(500):  # the instance's thread goes idle just after it has handed its answers over
-            if scheduler._idle:
-                break
-            await asyncio.sleep(0.01)
+        # The instance's thread goes idle just after it has handed its answers over.
+        await until(lambda: scheduler._idle, "the instance to go idle")
         return scheduler, first, then
 
     scheduler, first, then = asyncio.run(main())
@@ -255,8 +250,8 @@ def test_a_cancelled_caller_leaves_the_queue_and_one_in_a_running_batch_is_dropp
         await asyncio.to_thread(started.wait, BOUND_S)  # request 1 runs
         queued = asyncio.ensure_future(submit(scheduler, 2))
         served = asyncio.ensure_future(submit(scheduler, 3))
-        await asyncio.sleep(0)
-        assert scheduler.queue._counts[0] == [2, 2]  # 2 and 3 wait
+        await until(lambda: scheduler.queued == 2, "2 and 3 to wait")
+        assert scheduler.queue._counts[0] == [2, 2]
         queued.cancel()
         running.cancel()
         await asyncio.gather(queued, running, return_exceptions=True)
@@ -308,36 +303,26 @@ def server(request, tmp_path_factory):
     stop_server(server)
 
 
-def infer(server, rows: list[list[float]]) -> requests.Response:
-    body = {"inputs": [{"name": "x", "shape": [len(rows), 4], "datatype": "FP32", "data": rows}]}
-    return requests.post(f"{server.url}/v2/models/drops/infer", json=body, timeout=30)
-
-
 def failures(server, model: str) -> dict[str, float]:
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
-    family = next(f for f in text_string_to_metric_families(text) if f.name == "nv_inference_request_failure")
-    return {s.labels["reason"]: s.value for s in family.samples if s.labels["model"] == model}
+    return scrape(server).by("reason", "nv_inference_request_failure", model=model)
 
 
 def test_a_model_that_does_not_keep_its_batch_fails_those_requests_and_serves_on(server):
-    kept = [[1, 2, 3, 4], [5, 6, 7, 8]]
-    answer = infer(server, kept)
+    kept = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32)
+    answer = post_infer(server, "drops", json_body({"x": kept}))
     assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [1, 2, 3, 4, 5, 6, 7, 8]
     before = failures(server, "drops")
 
-    dropped = infer(server, [[1, 2, 3, 4], [-1, -2, -3, -4]])
+    dropped = post_infer(server, "drops", json_body({"x": np.array([[1, 2, 3, 4], [-1, -2, -3, -4]], np.float32)}))
     expected = "model.onnx answered 1 rows of output 'y' for a batch of 2: the model does not keep the batch dimension"
     assert dropped.status_code == 500 and dropped.json() == {"error": expected}
-    with grpcclient.InferenceServerClient(server.grpc) as client:
-        tensor = grpcclient.InferInput("x", [1, 4], "FP32")
-        tensor.set_data_from_numpy(np.zeros((1, 4), np.float32))
-        with pytest.raises(InferenceServerException) as refused:
-            client.infer("drops", [tensor])
+    with pytest.raises(InferenceServerException) as refused:
+        infer(server, "drops", {"x": np.zeros((1, 4), np.float32)}, "grpc")
     assert refused.value.status() == "StatusCode.INTERNAL" and "answered 0 rows of output 'y' for a batch of 1" in refused.value.message()
     assert failures(server, "drops")["BACKEND"] - before["BACKEND"] == 2
 
     # The model and the server serve on.
-    assert infer(server, kept).status_code == 200
+    assert post_infer(server, "drops", json_body({"x": kept})).status_code == 200
     body = {"inputs": [{"name": n, "shape": [1, 16], "datatype": "INT32", "data": [1] * 16} for n in ("INPUT0", "INPUT1")]}
-    assert requests.post(f"{server.url}/v2/models/simple/infer", json=body, timeout=30).status_code == 200
+    assert post_infer(server, "simple", body).status_code == 200
     assert expected in server.output()  # logged

@@ -15,7 +15,6 @@ import http.client
 import json
 import signal
 import threading
-import time
 from concurrent import futures
 from pathlib import Path
 
@@ -23,11 +22,10 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 from urllib3.exceptions import NewConnectionError
 
-from conftest import Server, copy_model, start_server, stop_server
+from conftest import copy_model, pending, start_server, stop_server, wait_for
 
 WORKERS = pytest.mark.parametrize("workers", [1, 2], ids=["workers1", "workers2"])
 #: Beyond --shutdown_timeout_s, what the process may take to exit (its interpreter's teardown): a bound that a
@@ -56,25 +54,6 @@ def grpc_input(value: float) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
     tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
     return tensor
-
-
-def pending(server: Server, model: str) -> float | None:
-    """The model's queued requests, as its metrics say (the engine's, with --workers 2)."""
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
-    values = [
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "nv_inference_pending_request_count" and sample.labels.get("model") == model
-    ]
-    return values[0] if values else None
-
-
-def wait_for(condition, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen"
-        time.sleep(0.02)
 
 
 def refused_connecting(error: requests.ConnectionError) -> bool:
