@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import FAKE_ACL, ROOT, load_fake_acl
 from kserve_ascend.core.errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
-from kserve_ascend.core.execution.runtimes import acl as acl_runtime
+from kserve_ascend.core.execution.runtimes import acl_process
 from kserve_ascend.core.execution.runtimes.acl import AclRuntime, served_output_names
 
 #: One FAKE pyACL for most tests; ACL's initialisation outlives fake_reset() as it outlives every
@@ -243,7 +243,7 @@ def test_om_and_a_cann_ep_user_share_acl_in_either_order(fresh, static_om, newer
     assert "acl.finalize" not in fresh.fake_call_names()
     assert fresh.fake_leaks() == {}
     # At exit: only the one whose acl.init initialised ACL finalizes it.
-    acl_runtime._PROCESS_ACL.finalize(fresh)
+    acl_process.PROCESS_ACL.finalize(fresh)
     assert fresh.fake_call_names().count("acl.finalize") == (first_loaded == "om")
 
 
@@ -259,7 +259,7 @@ def test_onnxruntime_initialises_acl_before_the_first_acl_init_only(fresh, stati
     assert [c.result for c in fresh.fake_calls() if c.name == "acl.init"] == [fresh.ACL_SUCCESS, fresh.ACL_ERROR_REPEAT_INITIALIZE]
     for user in (first, second, providers[0]):
         user.close()
-    acl_runtime._PROCESS_ACL.finalize(fresh)
+    acl_process.PROCESS_ACL.finalize(fresh)
     assert "acl.finalize" not in fresh.fake_call_names() and fresh.fake_initialized()
 
 
@@ -270,7 +270,7 @@ def test_with_the_cpu_build_of_onnxruntime_acl_init_is_ours(fresh, static_om):
 
 def test_no_finalize_at_exit_while_a_runtime_is_open(fresh, static_om):
     runtime = load(static_om, acl=fresh)
-    acl_runtime._PROCESS_ACL.finalize(fresh)
+    acl_process.PROCESS_ACL.finalize(fresh)
     assert "acl.finalize" not in fresh.fake_call_names()
     runtime.run({"x": np.ones((4, 3), np.float32)}, [])
     runtime.close()

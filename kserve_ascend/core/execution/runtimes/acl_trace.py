@@ -44,7 +44,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ...datatypes import to_numpy
-from .acl import _PROCESS_ACL, DYNAMIC_BATCH_INPUT, AclRuntime
+from .acl import DYNAMIC_BATCH_INPUT, AclRuntime
+from .acl_process import PROCESS_ACL
 
 FORMAT = "kserve-ascend-acl-trace/1"
 #: pyACL's submodules (hicann/runtime python/pyACL/py_init_acl.cpp, PyInit_acl).
@@ -275,7 +276,7 @@ def _session(acl: Any, model: Path, config: mc.ModelConfig, device_id: int, runs
     finally:
         if runtime is not None:
             runtime.close()
-        _PROCESS_ACL.finalize(acl)
+        PROCESS_ACL.finalize(acl)
 
 
 def record(acl: Any, model: Path, config: mc.ModelConfig, device_id: int = 0, runs=None) -> tuple[dict, list]:
