@@ -165,14 +165,12 @@ def test_batch_size_histogram_reflects_batching(metrics, sent):
 
 @pytest.fixture(scope="module")
 def held_server(tmp_path_factory):
-    """`held`: an .om model on the FAKE pyACL, one request at a time, one more may wait; its executions can
-    be held in a device call (hold_executions)."""
+    """`held`: an .om model on the FAKE pyACL, one request at a time; its executions can be held in a
+    device call (hold_executions)."""
     repository = tmp_path_factory.mktemp("held_metrics_repo")
     (repository / "held" / "1").mkdir(parents=True)
     fake.fake_write_om(repository / "held" / "1" / "model.om", [("INPUT0", fake.ACL_FLOAT, [1, 4])])
-    (repository / "held" / "config.pbtxt").write_text(
-        'name: "held"\nbackend: "ascend"\nmax_batch_size: 1\ndynamic_batching { default_queue_policy { max_queue_size: 1 } }\n'
-    )
+    (repository / "held" / "config.pbtxt").write_text('name: "held"\nbackend: "ascend"\nmax_batch_size: 1\n')
     faults = repository.parent / "held_metrics_faults.json"
     write_faults(faults, [])
     server = start_server(repository, repository.parent / "held_metrics.log", env=fake_acl_env(faults))
@@ -181,9 +179,9 @@ def held_server(tmp_path_factory):
     stop_server(server)
 
 
-def test_queue_depth_counts_the_request_waiting_for_the_busy_instance(held_server):
-    """While one request executes (held in its device call) and one waits, the queue depth, and Triton's
-    pending count, are 1 (the executing one is not counted); a third request finds the queue full."""
+def test_queue_depth_counts_the_requests_waiting_for_the_busy_instance(held_server):
+    """Three requests at once: one executes (held in its device call), two wait. The queue depth, and
+    Triton's pending count, are 2 (the executing one is not counted), and 0 once all are answered."""
     server = held_server
     body = json_body({"INPUT0": np.array([[1, 2, 3, 4]], np.float32)})
 
@@ -192,17 +190,15 @@ def test_queue_depth_counts_the_request_waiting_for_the_busy_instance(held_serve
         return metrics("inference_queue_depth", model="held"), metrics("nv_inference_pending_request_count", model="held")
 
     assert depths() == (0, 0)
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         hold_executions(server)
         try:
-            calls = [pool.submit(post_infer, server, "held", body) for _ in range(2)]
-            wait_for(lambda: depths() == (1, 1), "one request executing, one waiting")
-            refused = post_infer(server, "held", body)
+            calls = [pool.submit(post_infer, server, "held", body) for _ in range(3)]
+            wait_for(lambda: depths() == (2, 2), "one request executing, two waiting")
         finally:
             release_executions(server)
         answers = [call.result() for call in calls]
-    assert refused.status_code == 503 and "Exceeds maximum queue size" in refused.json()["error"]
-    assert [answer.status_code for answer in answers] == [200, 200]
+    assert [answer.status_code for answer in answers] == [200] * 3
     assert depths() == (0, 0)
 
 
