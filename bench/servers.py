@@ -1,6 +1,6 @@
 """The servers under test: their model repositories, start and stop, and what they answered.
 
-Processes are started with the tests' own helpers (tests/conftest.py): free loopback
+Processes are started with the tests' own helpers (conformance/harness.py): free loopback
 ports, a log per server, readiness polled over HTTP, SIGTERM then SIGKILL.
 """
 
@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,8 +19,8 @@ from payloads import BENCH_REPOSITORY, REPOSITORY, model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import Server, free_port, start_server, start_triton, stop_server, wait_until  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from conformance.harness import Server, free_port, start, start_server, start_triton, stop_server  # noqa: I001
 
 #: MLServer 1.7.1 in its own virtualenv (Makefile: MLSERVER_VENV); its runtimes are bench/mlserver/.
 MLSERVER = ROOT / ".venv" / "mlserver" / "bin" / "mlserver"
@@ -68,10 +66,7 @@ def make_repositories(workdir: Path) -> None:
 def start_stock(log: Path) -> Server:
     http_port, grpc_port = free_port(), free_port()
     command = [sys.executable, str(BENCH / "stock_kserve.py"), "--http_port", str(http_port), "--grpc_port", str(grpc_port)]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    server = Server(process, http_port, grpc_port, log)
-    return wait_until(server, lambda: requests.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200, timeout=60)
+    return start(command, log, http_port, grpc_port, name="stock KServe", timeout=60)
 
 
 def mlserver_settings(home: Path, http_port: int, grpc_port: int, metrics_port: int) -> None:
@@ -103,15 +98,14 @@ def start_mlserver(workdir: Path, log: Path) -> Server:
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     home = workdir / "mlserver"
     mlserver_settings(home, http_port, grpc_port, metrics_port)
-    env = {**os.environ, "PYTHONPATH": str(BENCH / "mlserver")}
-    with open(log, "wb") as out:
-        process = subprocess.Popen([str(MLSERVER), "start", str(home)], stdout=out, stderr=subprocess.STDOUT, cwd=home, env=env)
-    server = Server(process, http_port, grpc_port, log, metrics_port)
-    # Ready once every model is: the server-wide readiness does not wait for the parallel workers.
-    ready = lambda: all(  # noqa: E731
-        requests.get(f"{server.url}/v2/models/{m}/ready", timeout=1).status_code == 200 for m in PEER_MODELS["mlserver"]
-    )
-    return wait_until(server, ready, timeout=120)
+
+    def ready(server: Server) -> bool:
+        # Every model: the server-wide readiness does not wait for MLServer's parallel workers.
+        return all(requests.get(f"{server.url}/v2/models/{m}/ready", timeout=1).status_code == 200 for m in PEER_MODELS["mlserver"])
+
+    command = [str(MLSERVER), "start", str(home)]
+    return start(command, log, http_port, grpc_port, metrics_port, name="MLServer", ready=ready, timeout=120,
+                 env={"PYTHONPATH": str(BENCH / "mlserver")}, cwd=home)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -121,8 +115,7 @@ def running(scenario: str, workdir: Path, logs: Path):
     if scenario == "nobatch":
         server = start_server(workdir / "repository-nobatch", logs / "kserve_ascend-nobatch.log")
     elif scenario == "batch" or scenario in WORKERS:
-        workers = ("--workers", str(WORKERS[scenario])) if scenario in WORKERS else ()
-        server = start_server(workdir / "repository-batch", logs / f"kserve_ascend-{scenario}.log", *workers)
+        server = start_server(workdir / "repository-batch", logs / f"kserve_ascend-{scenario}.log", workers=WORKERS.get(scenario, 1))
     elif scenario == "triton":
         (workdir / "triton").mkdir(exist_ok=True)  # its backend directory and triton.log
         server = start_triton(workdir / "repository-batch", workdir / "triton")

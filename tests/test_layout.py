@@ -1,10 +1,14 @@
-"""The package's shape: every module installs, and no two modules need each other (an import circle)."""
+"""The package's shape: every module installs, no two modules need each other (an import circle), and the
+bench's scripts start."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import setuptools
 
 from conftest import ROOT
@@ -60,3 +64,14 @@ def test_no_module_imports_one_that_imports_it_back():
     for name in sorted(graph):
         visit(name, [])
     assert not circles, "\n".join(" -> ".join(circle) for circle in circles)
+
+
+BENCH_SCRIPTS = sorted(path.name for path in (ROOT / "bench").glob("*.py") if "argparse" in path.read_text())
+
+
+@pytest.mark.parametrize("script", BENCH_SCRIPTS)
+def test_bench_scripts_start(script):
+    """`make bench` is not part of `make test`, so its scripts' imports are checked here: each answers --help."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
