@@ -12,11 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
 
 #: Cores taken by processes outside the bench above which a point is marked as measured on a busy machine.
 NOISY_CORES = 0.2
@@ -36,8 +31,18 @@ SIDE_BY_SIDE_MODELS = ("simple", "fastsim")
 SIDE_BY_SIDE_LOADS = ("http", "grpc", "grpc-py")
 #: perf_analyzer needs Triton's model configuration extension, which these servers lack.
 NO_MODEL_CONFIG = frozenset({"mlserver", "stock"})
-#: One colour per scenario in both plots, whichever scenarios a run has.
-COLOURS = dict(zip(("raw", "nobatch", "batch", "workers2", "triton", "mlserver", "stock"), plt.get_cmap("tab10").colors))
+#: Scenarios in the order of their colours (matplotlib's tab10) in both plots, whichever scenarios a run has.
+COLOURED = ("raw", "nobatch", "batch", "workers2", "triton", "mlserver", "stock")
+
+
+def _pyplot():
+    """matplotlib (the bench extra), imported to draw: the tables and `run.py --help` run without it."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def find(points, model, scenario, protocol, concurrency=None) -> list[dict]:
@@ -232,7 +237,10 @@ def markdown(run: dict) -> str:
 def plot(run: dict, path: Path) -> None:
     points, scenarios = run["points"], list(run["scenarios"])
     models = list(dict.fromkeys(p["model"] for p in points))
-    colours = COLOURS
+    plt = _pyplot()
+    from matplotlib import ticker
+
+    colours = dict(zip(COLOURED, plt.get_cmap("tab10").colors))
     figure, axes = plt.subplots(len(models), 2, figsize=(13, 4.2 * len(models)), squeeze=False)
     for row, model in zip(axes, models):
         served = [p for p in points if p["model"] == model and p["scenario"] != "raw"]
@@ -277,7 +285,8 @@ def plot_side_by_side(run: dict, path: Path) -> None:
     """Bars per server for each (load, concurrency): requests/s and server CPU ms per request, simple and fastsim."""
     points = run["points"]
     peers = [s for s in PEERS if s in run["scenarios"] and s not in run.get("skipped", {})]
-    colours = COLOURS
+    plt = _pyplot()
+    colours = dict(zip(COLOURED, plt.get_cmap("tab10").colors))
     figure, axes = plt.subplots(len(SIDE_BY_SIDE_MODELS), 2, figsize=(14, 4.6 * len(SIDE_BY_SIDE_MODELS)), squeeze=False)
     width = 0.8 / max(len(peers), 1)
     for row, model in zip(axes, SIDE_BY_SIDE_MODELS):
