@@ -1,7 +1,18 @@
-import subprocess, sys, time, socket, psutil, re
+"""perf_analyzer (gRPC, c=16 and c=64) against each mode of floor.py, or kserve-ascend itself (`server`): requests/s, p99, server CPU per request."""
+import json, shutil, subprocess, sys, tempfile, time, socket, psutil, re
+from pathlib import Path
 def port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-PY = "/work/i27/.venv/bin/python"; PA = "/work/i27/.venv/bin/perf_analyzer"
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+PA = str(ROOT / ".venv" / "bin" / "perf_analyzer")
+#: model_repository's `simple` with dynamic batching, as bench/run.py serves it.
+REPO = Path(tempfile.mkdtemp(prefix="grpc-floor-"))
+shutil.copytree(ROOT / "model_repository" / "simple", REPO / "simple")
+with open(REPO / "simple" / "config.pbtxt", "a") as config:
+    config.write("dynamic_batching { }\n")
+BODY = REPO / "body.json"
+BODY.write_text(json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))} for n in ("INPUT0", "INPUT1")]}))
 def measure(cmd, grpc_port, c, secs=4):
     srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if "kserve_ascend" not in " ".join(cmd):
@@ -27,9 +38,9 @@ if __name__ == "__main__":
             gp = port()
             if mode == "server":
                 hp = port(); mp = port()
-                cmd = [PY, "-m", "kserve_ascend", "--model_dir", "/tmp/abrepo", "--model_control_mode", "explicit", "--load_model", "simple",
+                cmd = [PY, "-m", "kserve_ascend", "--model_dir", str(REPO), "--model_control_mode", "explicit", "--load_model", "simple",
                        "--http_port", str(hp), "--grpc_port", str(gp), "--metrics_port", str(mp)]
             else:
-                cmd = [PY, "/tmp/g28/floor.py", *mode.split(":"), str(gp)] if ":" not in mode else [PY, "/tmp/g28/floor.py", mode.split(":")[0], str(gp), "--threads", mode.split(":")[1]]
+                cmd = [PY, str(ROOT / "bench" / "grpc_floor" / "floor.py"), *mode.split(":"), str(gp)] if ":" not in mode else [PY, str(ROOT / "bench" / "grpc_floor" / "floor.py"), mode.split(":")[0], str(gp), "--threads", mode.split(":")[1]]
             t, p, cp = measure(cmd, gp, c)
             print(f"{mode:10s} c={c:3d} {t:8.0f}/s p99 {p:6.1f} ms cpu {cp:.3f} ms/req", flush=True)

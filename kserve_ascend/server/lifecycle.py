@@ -15,6 +15,7 @@ import logging
 import signal
 from typing import Protocol
 
+from ..core import heap
 from ..core.errors import AscendError, Unavailable
 from ..core.models.repository import Repository
 from .dataplane import SHUTTING_DOWN
@@ -74,6 +75,7 @@ class Lifecycle:
                 log.error("model '%s' did not load: %s", name, error)
         self.dataplane.loaded = True
         log.info("repository loaded: %s", {m.name: m.state.value for m in self.repository.models.values()})
+        heap.settle("repository loaded")
         if self.control_mode == "poll":
             async for _ in self.repository.follow(self._watching):
                 pass

@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from kserve_ascend.core import config as cfg
+from kserve_ascend.core import heap
 from kserve_ascend.core.errors import AscendError, InvalidInput
 from kserve_ascend.core.execution import loading
 from kserve_ascend.core.execution.instance import complete_config
@@ -131,6 +132,7 @@ class TritonPythonModel:
             kind=pb_utils.MetricFamily.COUNTER,
         )
         self.padding = self.padding_family.Metric(labels={"model": args["model_name"], "version": args["model_version"]})
+        heap.settle(f"{name} loaded")  # the stub is this instance's own process
 
     def execute(self, requests: list) -> list:
         """Runs the requests Triton's batcher gathered as one batch; a bad request fails alone."""
@@ -182,5 +184,5 @@ class TritonPythonModel:
         del self.padding  # before its family
 
 
-def _error(error: Exception, code) -> "pb_utils.InferenceResponse":
+def _error(error: Exception, code) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))

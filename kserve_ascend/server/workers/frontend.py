@@ -22,6 +22,7 @@ import logging
 import signal
 import socket
 
+from ...core import heap
 from .. import cli
 from ..edges import offload
 from ..lifecycle import EDGES_STOP_S
@@ -61,6 +62,7 @@ class Frontend:
         if serving.done() and not self._stopping:
             await serving  # what stopped it: a port it could not bind, a certificate it could not read
             raise SystemExit(f"kserve-ascend: frontend {self.index} did not start")
+        heap.settle(f"frontend {self.index} serving")
         self.remote.channel.send(messages.Serving())
         try:
             await serving  # until told to stop: then the edges answer what they accepted
