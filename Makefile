@@ -55,7 +55,7 @@ help:
 	@echo 'make test         every test, against real servers (installs the test toolchain, ~8 min)'
 	@echo 'make triton       real Triton 2.51 with the ascend backend on MODEL_DIR, ports 8000, 8001, 8002'
 	@echo 'make conformance  the OIP v2 conformance suite against a server it starts (SERVER=kserve-ascend or triton)'
-	@echo 'make bench        the benchmark against Triton, MLServer and stock KServe (~25 min; BENCH_ARGS=--quick: ~5 min)'
+	@echo 'make bench        the benchmark against Triton, MLServer and stock KServe (~27 min; BENCH_ARGS=--quick: ~5 min)'
 	@echo 'make models       regenerate the committed model files from their seeds'
 	@echo 'make check-ascend check an Ascend host: CANN, pyACL, an NPU, the CANN execution provider'
 	@echo 'PYTHON=...        the Python 3.10-3.12 to build .venv with (found on PATH by default: $(or $(PYTHON),none))'
@@ -155,7 +155,7 @@ $(MLSERVER_STAMP): | $(BIN)/python
 
 # The same loads against kserve-ascend (--workers 1 and 2), Triton, MLServer and stock KServe
 # (bench/run.py; hey, perf_analyzer and tritonclient) with py-spy profiles and the detection chain,
-# ~25 min: bench/results/results.md, results.json, qps_p99.png, side_by_side.png, profile-*, detect.md.
+# ~27 min: bench/results/results.md, results.json, qps_p99.png, side_by_side.png, profile-*, detect.md.
 # `make bench BENCH_ARGS=--quick` (1 s per point, one concurrency per model, ~5 min) checks that it
 # runs and writes to bench/results/quick/ (not committed).
 bench: $(BENCH_STAMP) $(PERF_ANALYZER) $(MLSERVER_STAMP)

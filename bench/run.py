@@ -62,9 +62,11 @@ LOADS = {
 }
 #: The loads perf_analyzer generates; the server's statistics count what it answered.
 PERF_ANALYZER_PROTOCOLS = frozenset({"binary", "grpc"})
-#: Where kserve-ascend is profiled with py-spy: (model, protocol, concurrency), at every --workers count.
-PROFILED = (("simple", "http", 16), ("simple", "grpc", 16))
-PROFILED_SCENARIOS = ("batch", *servers.WORKERS)
+#: Where kserve-ascend is profiled with py-spy, (scenario, model, protocol, concurrency): every point a target
+#: measures (so the report links the profile that explains a miss), and simple at c=16 with --workers.
+PROFILED = {t["at"] for t in report.targets([]) if t["at"]} | {
+    (scenario, "simple", protocol, 16) for scenario in servers.WORKERS for protocol in ("http", "grpc")
+}
 
 
 def python_json(script: str, *args) -> dict:
@@ -137,7 +139,7 @@ class Bench:
                 count = (lambda: servers.succeeded(server, model)) if protocol in PERF_ANALYZER_PROTOCOLS else None
                 point = self.measure(lambda: self.load(server, model, protocol, concurrency), server, count)
                 self.record({"model": model, "scenario": scenario, "protocol": protocol, "concurrency": concurrency, **point})
-                if scenario in PROFILED_SCENARIOS and (model, protocol, concurrency) in PROFILED:
+                if (scenario, model, protocol, concurrency) in PROFILED:
                     self.profile(server, scenario, model, protocol, concurrency)
 
     def profile(self, server, scenario: str, model: str, protocol: str, concurrency: int) -> None:
