@@ -62,23 +62,28 @@ class Async(rpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, r, c): return META
     async def ModelConfig(self, r, c): return pb.ModelConfigResponse(config=CONFIG)
     async def ModelInfer(self, r, c):
-        if not HOP:
+        if not HOP:  # set below, from the mode
             return infer(r)
         loop = asyncio.get_running_loop(); fut = loop.create_future()
         WORK.put((lambda: infer(r), lambda v: loop.call_soon_threadsafe(fut.set_result, v)))
         return await fut
-HOP = False
 
-p = argparse.ArgumentParser(); p.add_argument("mode"); p.add_argument("port", type=int); p.add_argument("--threads", type=int, default=4)
+#: Each way of driving grpcio, and its servicer: the answer made in the handler, or on another thread
+#: ("hop", as our instance threads make it), or in an asyncio loop that hops to that thread ("loop": our data plane's shape).
+SYNC = {"sync": Sync, "synchop": SyncHop, "syncloop": SyncLoop}
+ASYNC = ("aio", "aiohop", "uvloop")
+
+p = argparse.ArgumentParser()
+p.add_argument("mode", choices=[*SYNC, *ASYNC])
+p.add_argument("port", type=int)
+p.add_argument("--threads", type=int, default=4, help="the sync server's thread pool")
 a = p.parse_args()
-HOP = a.mode.endswith("hop")
-if a.mode.startswith("sync"):
-    s = grpc.server(futures.ThreadPoolExecutor(a.threads)); rpc.add_GRPCInferenceServiceServicer_to_server((SyncLoop() if a.mode.startswith("syncloop") else SyncHop()) if HOP else Sync(), s)
+HOP = a.mode == "aiohop"
+if a.mode in SYNC:
+    s = grpc.server(futures.ThreadPoolExecutor(a.threads)); rpc.add_GRPCInferenceServiceServicer_to_server(SYNC[a.mode](), s)
     s.add_insecure_port(f"127.0.0.1:{a.port}"); s.start(); print("ready", flush=True); s.wait_for_termination()
 else:
     async def main():
-        if a.mode == "uvloop":
-            pass
         s = aio.server(); rpc.add_GRPCInferenceServiceServicer_to_server(Async(), s)
         s.add_insecure_port(f"127.0.0.1:{a.port}"); await s.start(); print("ready", flush=True); await s.wait_for_termination()
     if a.mode == "uvloop":
