@@ -78,5 +78,6 @@ def load(server, model: str, protocol: str, concurrency: int, duration: float, w
         "count": int(count.group(1)) if count else None,
         "errors": 0,
         "window_s": WINDOWS * window_s,
-        **{key: int(row[column]) for column, key in SERVER_COLUMNS.items()},
+        # perf_analyzer leaves them out for a server without Triton's statistics extension.
+        **{key: int(row[column]) for column, key in SERVER_COLUMNS.items() if column in row},
     }

@@ -81,11 +81,11 @@ a = p.parse_args()
 HOP = a.mode == "aiohop"
 if a.mode in SYNC:
     s = grpc.server(futures.ThreadPoolExecutor(a.threads)); rpc.add_GRPCInferenceServiceServicer_to_server(SYNC[a.mode](), s)
-    s.add_insecure_port(f"127.0.0.1:{a.port}"); s.start(); print("ready", flush=True); s.wait_for_termination()
+    s.add_insecure_port(f"127.0.0.1:{a.port}"); s.start(); s.wait_for_termination()
 else:
     async def main():
         s = aio.server(); rpc.add_GRPCInferenceServiceServicer_to_server(Async(), s)
-        s.add_insecure_port(f"127.0.0.1:{a.port}"); await s.start(); print("ready", flush=True); await s.wait_for_termination()
+        s.add_insecure_port(f"127.0.0.1:{a.port}"); await s.start(); await s.wait_for_termination()
     if a.mode == "uvloop":
         import uvloop; uvloop.install()
     asyncio.run(main())

@@ -1,46 +1,61 @@
-"""perf_analyzer (gRPC, c=16 and c=64) against each mode of floor.py, or kserve-ascend itself (`server`): requests/s, p99, server CPU per request."""
-import json, shutil, subprocess, sys, tempfile, time, socket, psutil, re
+"""perf_analyzer (gRPC, c=16 and c=64) against each mode of floor.py, or kserve-ascend itself (`server`):
+requests/s, p99 and server CPU ms per request (the server's CPU over the measured perf_analyzer run ÷ the
+requests of its windows: the same small overcount for every mode).
+
+    python bench/grpc_floor/measure.py aio aiohop uvloop sync:4 synchop:4 syncloop:4 server
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
 from pathlib import Path
-def port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-PA = str(ROOT / ".venv" / "bin" / "perf_analyzer")
-#: model_repository's `simple` with dynamic batching, as bench/run.py serves it.
-REPO = Path(tempfile.mkdtemp(prefix="grpc-floor-"))
-shutil.copytree(ROOT / "model_repository" / "simple", REPO / "simple")
-with open(REPO / "simple" / "config.pbtxt", "a") as config:
-    config.write("dynamic_batching { }\n")
-BODY = REPO / "body.json"
-BODY.write_text(json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))} for n in ("INPUT0", "INPUT1")]}))
-def measure(cmd, grpc_port, c, secs=4):
-    srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if "kserve_ascend" not in " ".join(cmd):
-        srv.stdout.readline()
-    else:
-        time.sleep(8)
-    proc = psutil.Process(srv.pid)
-    def cpu():
-        return sum(sum(q.cpu_times()[:2]) for q in [proc, *proc.children(recursive=True)])
-    args = [PA, "-m", "simple", "-i", "grpc", "-u", f"127.0.0.1:{grpc_port}", "--concurrency-range", str(c),
-            "--measurement-interval", str(secs * 1000), "--max-trials", "3", "--stability-percentage", "10000"]
-    c0 = cpu(); t0 = time.time()
-    out = subprocess.run(args, capture_output=True, text=True).stdout
-    c1 = cpu(); t1 = time.time()
-    srv.terminate(); srv.wait(20)
-    tput = float(re.search(r"Throughput: ([\d.]+) infer/sec", out).group(1))
-    p99 = float(re.search(r"p99 latency: (\d+) usec", out).group(1)) / 1000
-    # perf_analyzer runs ~3 windows + warm-up: CPU over the whole wall time, requests at the measured rate
-    return tput, p99, (c1 - c0) / (tput * (t1 - t0)) * 1000
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+import pa_load
+import servers
+from cpu import CpuMeter
+from tritonclient.grpc import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+from conformance.harness import Server, free_port, start, start_server, stop_server
+
+FLOOR = Path(__file__).with_name("floor.py")
+
+
+def grpc_ready(server: Server) -> bool:
+    try:
+        return InferenceServerClient(server.grpc).is_server_ready()
+    except InferenceServerException:  # not listening yet
+        return False
+
+
+def start_mode(mode: str, workdir: Path) -> Server:
+    if mode == "server":
+        return start_server(workdir / "repository-batch", workdir / "server.log", "--model_control_mode", "explicit",
+                            "--load_model", "simple", workers=1)  # fmt: skip
+    name, _, threads = mode.partition(":")
+    grpc_port = free_port()
+    command = [sys.executable, str(FLOOR), name, str(grpc_port), *(("--threads", threads) if threads else ())]
+    return start(command, workdir / f"{name}.log", free_port(), grpc_port, name=mode, ready=grpc_ready)
+
+
+def main(modes: list[str]) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="grpc-floor-"))
+    servers.make_repositories(workdir)
+    for mode in modes:
+        for concurrency in (16, 64):
+            server = start_mode(mode, workdir)
+            try:
+                pa_load.load(server, "simple", "grpc", concurrency, 1, 0, workdir)  # warm-up
+                with CpuMeter(server.process.pid) as meter:
+                    point = pa_load.load(server, "simple", "grpc", concurrency, 12, 0, workdir)
+            finally:
+                stop_server(server, check=False)
+            cpu_ms = meter.cores()["server_cpu_s"] * 1000 / point["count"]
+            print(f"{mode:11s} c={concurrency:3d} {point['qps']:8.0f}/s p99 {point['p99_ms']:6.1f} ms cpu {cpu_ms:.3f} ms/req", flush=True)
+
+
 if __name__ == "__main__":
-    for mode in sys.argv[1:]:
-        for c in (16, 64):
-            gp = port()
-            if mode == "server":
-                hp = port(); mp = port()
-                cmd = [PY, "-m", "kserve_ascend", "--model_dir", str(REPO), "--model_control_mode", "explicit", "--load_model", "simple",
-                       "--http_port", str(hp), "--grpc_port", str(gp), "--metrics_port", str(mp)]
-            else:
-                cmd = [PY, str(ROOT / "bench" / "grpc_floor" / "floor.py"), *mode.split(":"), str(gp)] if ":" not in mode else [PY, str(ROOT / "bench" / "grpc_floor" / "floor.py"), mode.split(":")[0], str(gp), "--threads", mode.split(":")[1]]
-            t, p, cp = measure(cmd, gp, c)
-            print(f"{mode:10s} c={c:3d} {t:8.0f}/s p99 {p:6.1f} ms cpu {cp:.3f} ms/req", flush=True)
+    main(sys.argv[1:])
