@@ -83,6 +83,16 @@ def write_faults(path: Path, entries: list) -> None:
     temporary.replace(path)
 
 
+def start_on_fake_acl(repository: Path, name: str, *extra: str, **options) -> Server:
+    """`start_server` on `repository` with the FAKE pyACL and an empty fault-control file, `server.faults`
+    (for `write_faults`, `hold_executions`); its log and faults file are named `name` beside `repository`."""
+    faults = repository.parent / f"{name}_faults.json"
+    write_faults(faults, [])
+    server = start_server(repository, repository.parent / f"{name}.log", *extra, env=fake_acl_env(faults), **options)
+    server.faults = faults
+    return server
+
+
 def hold_executions(server: Server) -> None:
     """The next execution of a model on the FAKE pyACL blocks in its first device call
     (acl.rt.set_context) until `release_executions`; `server.faults` is its fault-control file."""

@@ -16,24 +16,23 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.grpc import model_config_pb2 as mc
-
 from conftest import (
-    core_request,
     copy_model,
+    core_request,
     executions_by_batch_size,
-    fake_acl_env,
     hold_executions,
     infer,
     load_fake_acl,
     pending,
     release_executions,
+    start_on_fake_acl,
     start_server,
     statistics,
     stop_server,
     wait_for,
-    write_faults,
 )
+from tritonclient.grpc import model_config_pb2 as mc
+
 from kserve_ascend.core.scheduling.batcher import DynamicBatcher
 from kserve_ascend.core.scheduling.queue import BatchQueue
 from kserve_ascend.core.stats import VersionStats
@@ -217,10 +216,7 @@ def held_server(tmp_path_factory):
     (repository / HELD / "config.pbtxt").write_text(
         f'name: "{HELD}"\nbackend: "ascend"\nmax_batch_size: 8\ndynamic_batching {{ max_queue_delay_microseconds: 100000 }}\n'
     )
-    faults = repository.parent / "held_faults.json"
-    write_faults(faults, [])
-    server = start_server(repository, repository.parent / "held.log", env=fake_acl_env(faults))
-    server.faults = faults
+    server = start_on_fake_acl(repository, "held")
     yield server
     stop_server(server)
 

@@ -14,8 +14,16 @@ import subprocess
 import numpy as np
 import pytest
 import requests
-
-from conftest import copy_model, fake_acl_env, json_body, load_fake_acl, post_infer, scrape, start_server, stop_server, write_faults
+from conftest import (
+    copy_model,
+    json_body,
+    load_fake_acl,
+    post_infer,
+    scrape,
+    start_on_fake_acl,
+    stop_server,
+    write_faults,
+)
 
 ACL_FLOAT = 0
 AI_CORE_EXCEPTION = 507015  # ACL_ERROR_RT_AICORE_EXCEPTION, rt_error_codes.h
@@ -40,12 +48,8 @@ def server(tmp_path_factory):
         fake_acl.fake_write_om(root / name / "1" / "model.om", [("images", ACL_FLOAT, [1, 4])])
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "ascend"\nmax_batch_size: 1\n{extra}')
     copy_model("simple", root)
-    faults = root.parent / "health_faults.json"
-    write_faults(faults, [])
-    env = fake_acl_env(faults)
     startup = [arg for name in (*MODELS, "simple") for arg in ("--load_model", name)]
-    server = start_server(root, root.parent / "health.log", "--model_control_mode", "explicit", *startup, env=env)
-    server.faults = faults
+    server = start_on_fake_acl(root, "health", "--model_control_mode", "explicit", *startup)
     yield server
     stop_server(server)
 

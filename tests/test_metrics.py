@@ -13,8 +13,6 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.grpc import model_config_pb2 as mc
-
 from conftest import (
     Metrics,
     copy_model,
@@ -25,13 +23,14 @@ from conftest import (
     post_infer,
     release_executions,
     scrape,
+    start_on_fake_acl,
     start_server,
     stop_server,
     wait_for,
-    write_faults,
 )
-from kserve_ascend.core.execution.runtimes.acl import AclRuntime
+from tritonclient.grpc import model_config_pb2 as mc
 
+from kserve_ascend.core.execution.runtimes.acl import AclRuntime
 
 # One instance busy 2 s per request, one request may wait, no batching: of 4 concurrent
 # requests, one runs, one waits and the rest are refused with "Exceeds maximum queue size".
@@ -171,10 +170,7 @@ def held_server(tmp_path_factory):
     (repository / "held" / "1").mkdir(parents=True)
     fake.fake_write_om(repository / "held" / "1" / "model.om", [("INPUT0", fake.ACL_FLOAT, [1, 4])])
     (repository / "held" / "config.pbtxt").write_text('name: "held"\nbackend: "ascend"\nmax_batch_size: 1\n')
-    faults = repository.parent / "held_metrics_faults.json"
-    write_faults(faults, [])
-    server = start_server(repository, repository.parent / "held_metrics.log", env=fake_acl_env(faults))
-    server.faults = faults
+    server = start_on_fake_acl(repository, "held_metrics")
     yield server
     stop_server(server)
 

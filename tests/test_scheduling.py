@@ -10,14 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
-from tritonclient.utils import InferenceServerException
-
 from conftest import (
     core_request,
     executions_by_batch_size,
-    fake_acl_env,
     hold_executions,
     infer,
     json_body,
@@ -25,18 +20,21 @@ from conftest import (
     pending,
     post_infer,
     release_executions,
-    start_server,
+    start_on_fake_acl,
     statistics,
     stop_server,
     until,
     wait_for,
-    write_faults,
 )
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.utils import InferenceServerException
+
+from kserve_ascend.core.errors import InvalidInput, Unavailable
 from kserve_ascend.core.scheduling.adaptive import AdaptiveBatchLimit
 from kserve_ascend.core.scheduling.batcher import DynamicBatcher
 from kserve_ascend.core.scheduling.queue import BatchQueue
 from kserve_ascend.core.stats import VersionStats
-from kserve_ascend.core.errors import InvalidInput, Unavailable
 
 
 def dynamic(text: str) -> mc.ModelDynamicBatching:
@@ -213,10 +211,7 @@ def policy_server(tmp_path_factory):
         (repository / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "ascend"\nmax_batch_size: {max_batch_size}\ndynamic_batching {{ {batching} }}\n'
         )
-    faults = repository.parent / "policy_faults.json"
-    write_faults(faults, [])
-    server = start_server(repository, repository.parent / "policy.log", env=fake_acl_env(faults))
-    server.faults = faults
+    server = start_on_fake_acl(repository, "policy")
     yield server
     stop_server(server)
 

@@ -16,8 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import requests
-
-from conftest import fake_acl_env, json_body, load_fake_acl, post_infer, scrape, start_server, stop_server, write_faults
+from conftest import (
+    json_body,
+    load_fake_acl,
+    post_infer,
+    scrape,
+    start_on_fake_acl,
+    stop_server,
+    write_faults,
+)
 
 fake_acl = load_fake_acl()  # only to write .om descriptors; the servers import their own as `acl`
 MODEL_EXECUTE = 507011  # ACL_ERROR_RT_MODEL_EXECUTE, rt_error_codes.h: a failed execution, the context usable
@@ -62,14 +69,10 @@ def server(request, tmp_path_factory):
         [("OUTPUT", int32, [1, 1]), ("START_out", int32, [1, 1]), ("READY_out", int32, [1, 1])],
     )
     (root / "seq" / "config.pbtxt").write_text(SEQUENCE)
-    faults = root.parent / f"faults_device_{request.param}.json"
-    write_faults(faults, [])
-    env = fake_acl_env(faults)
-    server = start_server(
-        root, root.parent / f"faults_device_{request.param}.log", "--model_control_mode", "explicit",
-        "--load_model", "pair", "--load_model", "seq", env=env, workers=request.param,
+    server = start_on_fake_acl(
+        root, f"faults_device_{request.param}", "--model_control_mode", "explicit",
+        "--load_model", "pair", "--load_model", "seq", workers=request.param,
     )
-    server.faults = faults
     yield server
     stop_server(server)
 
