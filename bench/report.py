@@ -139,6 +139,16 @@ def _n(value, digits=1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def _model_first(at: tuple | None) -> tuple:
+    """A target's point (scenario, model, protocol, concurrency) as `one` takes it (model first)."""
+    return (at[1], at[0], *at[2:]) if at else (None, None, None, None)
+
+
+def _batches(p: dict) -> str:
+    """A point's batches, from the server's statistics: what a batching target's miss is made of."""
+    return f"{p['mean_batch']:.2f} rows per execution, the device busy {p['device_busy']:.0%} of the time"
+
+
 def _cell(p: dict | None) -> str:
     if p is None:
         return "–"
@@ -205,6 +215,8 @@ def markdown(run: dict) -> str:
     profiled = {(p["scenario"], p["model"], p["protocol"], p["concurrency"]): p for p in run.get("profiles", ())}
     for t in targets(points):
         verdict = {True: "met", False: "**MISSED**", None: "n/a"}[t["met"]]
+        if t["met"] is False and (point := one(points, *_model_first(t["at"]))) and "device_busy" in point:
+            verdict += f" ({_batches(point)})"
         if t["met"] is False and (prof := profiled.get(t["at"])):
             verdict += f" ([profile]({prof['svg']}), [summary]({prof['txt']}))"
         digits = 2 if t["unit"] == "×" else 1
@@ -232,15 +244,15 @@ def markdown(run: dict) -> str:
     for model in dict.fromkeys(p["model"] for p in points):
         lines += [
             "", f"## {model}", "",
-            "| scenario | protocol | c | requests/s | server CPU ms/req | p99 ms | mean ms | p50 ms | errors | cores: server / load / others | server RSS MiB start → end |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+            "| scenario | protocol | c | requests/s | server CPU ms/req | p99 ms | mean ms | p50 ms | errors | batches | cores: server / load / others | server RSS MiB start → end |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
         ]
         for p in (p for p in points if p["model"] == model):
             rss = f"{p['rss_start_mb']:.0f} → {p['rss_end_mb']:.0f}" if "rss_start_mb" in p else ""
             noisy = " ⚠" if p["other_cores"] > NOISY_CORES else ""
             lines.append(
                 f"| {p['scenario']} | {p['protocol']} | {p['concurrency']} | {_n(p['qps'])} | {_n(p.get('server_cpu_ms'), 3)} | {_n(p['p99_ms'])}"
-                f" | {_n(p['mean_ms'])} | {_n(p['p50_ms'])} | {p['errors']} | {p['server_cores']:.2f} / {p['load_cores']:.2f} / {p['other_cores']:.2f}{noisy} | {rss} |"
+                f" | {_n(p['mean_ms'])} | {_n(p['p50_ms'])} | {p['errors']} | {_batches(p) if 'device_busy' in p else ''} | {p['server_cores']:.2f} / {p['load_cores']:.2f} / {p['other_cores']:.2f}{noisy} | {rss} |"
             )
     lines += [
         "", "## Server memory", "",

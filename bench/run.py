@@ -136,8 +136,9 @@ class Bench:
                 self.total -= len(self.plan(scenario))
                 return
             for model, protocol, concurrency in self.plan(scenario):
-                count = (lambda: servers.succeeded(server, model)) if protocol in PERF_ANALYZER_PROTOCOLS else None
-                point = self.measure(lambda: self.load(server, model, protocol, concurrency), server, count)
+                counted = model if scenario in servers.WITH_STATISTICS else None
+                server_counts = protocol in PERF_ANALYZER_PROTOCOLS  # perf_analyzer counts its windows only, the CPU is the whole run's
+                point = self.measure(lambda: self.load(server, model, protocol, concurrency), server, counted, server_counts)
                 self.record({"model": model, "scenario": scenario, "protocol": protocol, "concurrency": concurrency, **point})
                 if (scenario, model, protocol, concurrency) in PROFILED:
                     self.profile(server, scenario, model, protocol, concurrency)
@@ -165,17 +166,26 @@ class Bench:
                               "svg": f"{name}.svg", "txt": f"{name}.txt", **figures})
         print(f"profile: {self.args.out / name}.svg, .txt", flush=True)
 
-    def measure(self, run, server=None, count=None) -> dict:
+    def measure(self, run, server=None, model=None, server_counts=False) -> dict:
         """One point, started on a quiet machine: its figures, where the cores went, the server's CPU
-        per request answered, and the server's memory."""
+        per request answered, and the server's memory. With `model` (a server with the statistics
+        extension) also its batches: rows per execution and the share of the point its instances
+        executed (`device_busy`: what a batching target's miss is made of); `server_counts`: the
+        requests answered are the server's count, not the client's."""
         waited = 0.0 if self.args.quick else wait_for_quiet()
         rss_start = servers.rss_mb(server) if server else None
-        before = count() if count else None
+        before = servers.counters(server, model) if model else None
+        started = time.monotonic_ns()
         with CpuMeter(server.process.pid if server else None) as meter:
             point = run()
+        elapsed_ns = time.monotonic_ns() - started
         point.update(meter.cores(), waited_s=waited)
-        if count:
-            point["answered"] = count() - before
+        if before is not None:
+            counted = {key: value - before[key] for key, value in servers.counters(server, model).items()}
+            if server_counts:
+                point["answered"] = counted["answered"]
+            if counted["executions"]:
+                point.update(mean_batch=counted["rows"] / counted["executions"], device_busy=counted["device_ns"] / elapsed_ns)
         if server:
             answered = point.get("answered")
             point.update(

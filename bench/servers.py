@@ -170,9 +170,20 @@ def rss_mb(server: Server) -> float:
     return total / 2**20
 
 
-def succeeded(server: Server, model: str) -> int:
-    """Requests the server answered successfully for `model`, from the statistics extension
-    (kserve-ascend and Triton: `inference_stats.success.count`, summed over versions)."""
+#: The scenarios whose server has Triton's statistics extension (kserve-ascend and Triton).
+WITH_STATISTICS = frozenset({"nobatch", "batch", *WORKERS, "triton"})
+
+
+def counters(server: Server, model: str) -> dict[str, int]:
+    """What the statistics extension has counted for `model` so far, summed over its versions: requests
+    answered successfully (`answered`), rows inferred (`rows`), executions, and the device's time in them
+    (`device_ns`: each execution's compute_infer once, from `batch_stats`)."""
     stats = requests.get(f"{server.url}/v2/models/{model}/stats", timeout=10)
     stats.raise_for_status()
-    return sum(entry["inference_stats"]["success"]["count"] for entry in stats.json()["model_stats"])
+    versions = stats.json()["model_stats"]
+    return {
+        "answered": sum(v["inference_stats"]["success"]["count"] for v in versions),
+        "rows": sum(v["inference_count"] for v in versions),
+        "executions": sum(v["execution_count"] for v in versions),
+        "device_ns": sum(int(b["compute_infer"]["ns"]) for v in versions for b in v.get("batch_stats", ())),
+    }
