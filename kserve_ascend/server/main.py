@@ -61,7 +61,7 @@ def serve_one_process(args: argparse.Namespace, repository: Repository) -> None:
     dataplane = LocalDataPlane(repository, args.model_control_mode == "explicit", REGISTRY)
     lifecycle = lifecycle_of(args, dataplane)
     server = AscendModelServer(dataplane, cli.edge_settings(args), **cli.kserve_options(args))
-    asyncio.run(_serve(server, lifecycle))
+    cli.run_event_loop(args, _serve(server, lifecycle))
 
 
 async def _serve(server: AscendModelServer, lifecycle: Lifecycle) -> None:

@@ -38,7 +38,7 @@ import tempfile
 from typing import Any, Callable
 
 from ...core.models.repository import Repository
-from .. import listeners, ports
+from .. import cli, listeners, ports
 from ..dataplane.local import LocalDataPlane
 from ..lifecycle import STOP_SIGNALS, Lifecycle
 from ..observability import metrics
@@ -78,7 +78,7 @@ class Engine:
                 self.dataplane, self.args.model_control_mode, self.args.load_model, self.args.shutdown_timeout_s
             )
             self.repository.on_change = self.models_changed
-            asyncio.run(self._serve())
+            cli.run_event_loop(self.args, self._serve())
         finally:
             shutil.rmtree(metrics_dir, ignore_errors=True)
         if self.failed:

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, index: int, sock: socket.socket, http_socket: 
     frontend = Frontend(args, index, sock, http_socket)
     cli.configure_process(args)  # after KServe's ModelServer, which configures logging if nothing has yet
     try:
-        asyncio.run(frontend.serve())
+        cli.run_event_loop(args, frontend.serve())
     finally:
         offload.stop()
 
