@@ -204,3 +204,44 @@ def test_curl_d_infer_as_a_user_types_it(url):
     result = subprocess.run(["curl", "-s", "-d", body, f"{url}/v2/models/simple/infer"], capture_output=True, text=True, timeout=30)
     outputs = {o["name"]: o["data"] for o in json.loads(result.stdout)["outputs"]}
     assert outputs == {"OUTPUT0": SUM, "OUTPUT1": DIFFERENCE}
+
+
+RAW = f"{BINARY} (a raw binary request: Inference-Header-Content-Length 0; Triton's qa/L0_http/http_test.py)"
+
+
+def raw_infer(url: str, model: str, body: bytes) -> requests.Response:
+    return requests.post(f"{url}/v2/models/{model}/infer", data=body, headers={"Inference-Header-Content-Length": "0"})
+
+
+@pytest.mark.spec(RAW)
+@pytest.mark.parametrize("datatype", [d for d in DATATYPES if d != "BYTES"])
+def test_raw_binary_request_is_the_models_one_input(url, datatype):
+    """The body is the input's bytes; its shape is deduced (a batch of 1, the variable dimension from the
+    byte count) and every output is answered as binary data."""
+    array = SAMPLES[datatype]
+    response = raw_infer(url, identity(datatype), array.tobytes())
+    assert response.status_code == 200, response.text
+    header_length = int(response.headers["Inference-Header-Content-Length"])
+    result = httpclient.InferenceServerClient.parse_response_body(response.content, header_length=header_length)
+    assert result.get_output("OUTPUT0")["shape"] == [1, len(array)]
+    assert result.as_numpy("OUTPUT0").tolist() == [array.tolist()]
+
+
+#: What Triton cannot deduce, and its words for each (it prefixes them with "[request id: <id_unknown>] ").
+RAW_REFUSALS = {
+    "two_inputs": ("simple", bytes(128),
+                   "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in 'simple' model configuration"),
+    "bytes_of_variable_shape": ("identity_bytes", b"kserve",
+                                "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
+    "not_whole_elements": ("identity_fp32", bytes(6),
+                           "input byte size mismatch for input 'raw_input' for model 'identity_fp32'. Expected 4, got 6"),
+}  # fmt: skip
+
+
+@pytest.mark.spec(RAW)
+@pytest.mark.parametrize("case", list(RAW_REFUSALS))
+def test_raw_binary_request_that_cannot_be_deduced_is_400(url, case):
+    model, body, message = RAW_REFUSALS[case]
+    response = raw_infer(url, model, body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -89,6 +90,39 @@ class Signature:
             raise InvalidInput(
                 f"input '{decl.name}' has shape {list(array.shape)}, the model expects {self.shape(decl)}"
             )
+
+    def raw_input(self, body: np.ndarray, model: str) -> dict[str, np.ndarray]:
+        """The inputs of a raw binary request (Triton's binary data extension with
+        `Inference-Header-Content-Length: 0`): `body`, its bytes (uint8), is the model's one input, shaped
+        as Triton shapes it: the input's dims with their one variable dimension taking what the bytes
+        hold, behind a batch of 1 when the model batches; a BYTES input of dims [1] holds the body as its
+        one element. Refusals in Triton 2.51's words."""
+        if len(self.inputs) != 1:
+            raise InvalidInput(
+                f"Raw request must only have 1 input (found 1) to be deduced but got {len(self.inputs)} inputs"
+                f" in '{model}' model configuration"
+            )
+        decl = next(iter(self.inputs.values()))
+        batch = (1,) if self.batching else ()
+        if decl.datatype == "BYTES":
+            if decl.dims != (1,):
+                raise InvalidInput(f"For BYTE datatype raw input '{decl.name}', the model must have input shape [1]")
+            element = np.empty(batch + (1,), dtype=object)
+            element.flat[0] = body.tobytes()
+            return {decl.name: element}
+        variable = [axis for axis, size in enumerate(decl.dims) if size == -1]
+        if len(variable) > 1:
+            raise InvalidInput(
+                f"The shape of the raw input '{decl.name}' can not be deduced because there are more than one variable-sized dimension"
+            )
+        dtype = datatypes.to_numpy(decl.datatype)
+        dims = list(decl.dims)
+        if variable:
+            dims[variable[0]] = body.nbytes // (dtype.itemsize * math.prod(size for size in dims if size != -1) or 1)
+        expected = math.prod(dims) * dtype.itemsize
+        if expected != body.nbytes:
+            raise InvalidInput(f"input byte size mismatch for input 'raw_input' for model '{model}'. Expected {expected}, got {body.nbytes}")
+        return {decl.name: body.view(dtype).reshape(batch + tuple(dims))}
 
     def check_outputs(self, names: Sequence[str]) -> None:
         for name in names:

@@ -26,6 +26,9 @@ EXTENSIONS = (
     "classification", "sequence",
 )
 SHUTTING_DOWN = "the server is shutting down"
+#: The one input of a raw binary request, by this name: its body's bytes (uint8), which the data plane
+#: shapes as the model's single input (`Signature.raw_input`), where the model is known.
+RAW_INPUT = ""
 
 
 @dataclass(slots=True)
@@ -114,4 +117,4 @@ class DataPlane(Protocol):
         """The server's Prometheus metrics, in the text exposition format."""
 
 
-__all__ = ["DataPlane", "EXTENSIONS", "InferRequest", "InferResult", "RegionViews", "SERVER_NAME", "SHUTTING_DOWN"]
+__all__ = ["DataPlane", "EXTENSIONS", "InferRequest", "InferResult", "RAW_INPUT", "RegionViews", "SERVER_NAME", "SHUTTING_DOWN"]

@@ -21,7 +21,7 @@ from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNot
 from ...core.models import classification
 from ...core.models.repository import Repository
 from ...core.stats import RequestTiming
-from . import EXTENSIONS, SERVER_NAME, SHUTTING_DOWN, InferRequest
+from . import EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
 from .shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,11 @@ class LocalDataPlane:
         if self.stopping:  # no await from here to the scheduler: a request is refused here or drained
             raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
         served = self.repository.get(request.model_name).version(request.model_version)
+        inputs = request.inputs
+        if RAW_INPUT in inputs:
+            inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
         timing = RequestTiming(request.received_ns)
-        outputs = await served.infer(request.inputs, request.outputs, RequestOptions.parse(request.parameters), timing)
+        outputs = await served.infer(inputs, request.outputs, RequestOptions.parse(request.parameters), timing)
         timing.answering()  # compute_output: what is made of the outputs, then their encoding at the edge
         if request.classification:
             try:

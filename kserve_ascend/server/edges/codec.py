@@ -25,7 +25,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 from ...core import datatypes
 from ...core.errors import InvalidInput
 from ...core.models.classification import classification_count
-from ..dataplane import InferRequest, RegionViews
+from ..dataplane import RAW_INPUT, InferRequest, RegionViews
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +241,9 @@ def decode_rest(
             raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
         if not 0 <= length <= len(body):
             raise InvalidInput(f"Inference-Header-Content-Length {length} is outside the body of {len(body)} bytes")
+        if length == 0:  # a raw binary request: the body is the model's one input, answered all binary
+            request = InferRequest(model_name, {RAW_INPUT: np.frombuffer(body, np.uint8)}, model_version, received_ns=received_ns)
+            return request, AnswerFormat(binary_default=True)
         view = memoryview(body)
         header, binary = view[:length], view[length:]
     obj = json_object(header)
