@@ -54,3 +54,20 @@ def test_what_cannot_be_deduced_is_refused_in_tritons_words(dims, max_batch_size
     with pytest.raises(InvalidInput) as refused:
         signature("TYPE_FP32", dims, max_batch_size).raw_input(raw(body), "m")
     assert str(refused.value) == message
+
+
+def test_no_json_or_grpc_input_can_pass_for_a_raw_body():
+    """The data plane takes an input named RAW_INPUT ("") for a raw body: the decoders refuse that name."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from kserve_ascend.server.dataplane import RAW_INPUT
+    from kserve_ascend.server.dataplane.shm import SharedMemoryRegistry
+    from kserve_ascend.server.edges.codec import decode_grpc, decode_rest
+
+    body = b'{"inputs": [{"name": "", "shape": [1, 4], "datatype": "FP32", "data": [0, 1, 2, 3]}]}'
+    request = pb.ModelInferRequest(model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(name=RAW_INPUT, datatype="FP32", shape=[1, 4])])
+    request.raw_input_contents.append(FOUR_FLOATS)
+    for decode in (lambda: decode_rest(body, None, SharedMemoryRegistry(), "m", "", 0),
+                   lambda: decode_grpc(request, SharedMemoryRegistry(), 0)):  # fmt: skip
+        with pytest.raises(InvalidInput, match="an input has an empty 'name'"):
+            decode()

@@ -228,6 +228,16 @@ def json_object(body: bytes | memoryview) -> dict:
     return obj
 
 
+def _new_input_name(name: str, inputs: Mapping[str, np.ndarray]) -> str:
+    """An input's name, refused when empty (no model input has that name: it stands for a raw binary
+    request's body, `RAW_INPUT`) or when an earlier input of the request has it."""
+    if not name:
+        raise InvalidInput("an input has an empty 'name'")
+    if name in inputs:
+        raise InvalidInput(f"input '{name}' appears twice")
+    return name
+
+
 def decode_rest(
     body: bytes, header_length: str | None, regions: RegionViews, model_name: str, model_version: str, received_ns: int
 ) -> Decoded:
@@ -255,10 +265,8 @@ def decode_rest(
     for item in raw_inputs:
         if not isinstance(item, dict):
             raise InvalidInput("each element of 'inputs' must be a JSON object")
-        name = _field(item, "name", str, "an input")
+        name = _new_input_name(_field(item, "name", str, "an input"), inputs)
         what = f"input '{name}'"
-        if name in inputs:
-            raise InvalidInput(f"{what} appears twice")
         shape = _shape(item.get("shape"), what)
         datatype = _datatype(item.get("datatype"), what)
         params = _field(item, "parameters", dict, what, required=False) or {}
@@ -408,9 +416,7 @@ def decode_grpc(request: pb.ModelInferRequest, regions: RegionViews, received_ns
     contents = iter(raw)
     inputs: dict[str, np.ndarray] = {}
     for tensor, placed in zip(tensors, placements):
-        what = f"input '{tensor.name}'"
-        if tensor.name in inputs:
-            raise InvalidInput(f"{what} appears twice")
+        what = f"input '{_new_input_name(tensor.name, inputs)}'"
         datatype = _datatype(tensor.datatype, what)
         shape = tuple(tensor.shape)
         if shape and min(shape) < 0:
