@@ -259,6 +259,52 @@ def test_an_ensemble_follows_its_step_model_in_explicit_mode(tmp_path):
         stop_server(ours)
 
 
+
+def test_unload_dependents_unloads_the_steps_nothing_else_runs_as_triton(tmp_path):
+    """Triton's `unload_dependents` (core's DependencyGraph::RemoveNodes): the step models the ensemble's
+    load brought in go with it, unless another loaded ensemble still runs them, or a client loaded them
+    by name; without it they stay. `single` and `pipe` both run `simple`; `batched` runs `simple_batched`."""
+    repository = write_repository(tmp_path / "repository", broken=False)
+    flags = [("--model_control_mode", "explicit"), ("--model-control-mode=explicit",)]
+    ours = start_server(repository, tmp_path / "server.log", *flags[0], "--load_model", "single", "--load_model", "pipe")
+    try:
+        triton = start_triton(repository, tmp_path, *flags[1], "--load-model=single", "--load-model=pipe")
+    except BaseException:
+        stop_server(ours)
+        raise
+    try:
+        def unload(target, name: str, dependents: bool) -> None:
+            body = {"parameters": {"unload_dependents": dependents}}
+            assert requests.post(f"{target.url}/v2/repository/models/{name}/unload", json=body).status_code == 200
+
+        def states(target) -> dict[str, str]:
+            """Each model's state once nothing is UNLOADING any more (Triton unloads in the background)."""
+            def settled():
+                entries = requests.post(f"{target.url}/v2/repository/index").json()
+                return None if any(e.get("state") == "UNLOADING" for e in entries) else entries
+            entries = wait_for(settled, "every unload finished", server=target)
+            return {e["name"]: e["state"] for e in entries if e["name"] in ("single", "pipe", "simple")}
+
+        for target in (ours, triton):
+            unload(target, "single", dependents=True)  # `pipe` still runs `simple`
+            assert states(target) == {"single": "UNAVAILABLE", "pipe": "READY", "simple": "READY"}, target.name
+            unload(target, "pipe", dependents=True)  # now nothing does: it goes
+            assert states(target) == {"single": "UNAVAILABLE", "pipe": "UNAVAILABLE", "simple": "UNAVAILABLE"}, target.name
+            assert requests.post(f"{target.url}/v2/repository/models/batched/load").status_code == 200
+            unload(target, "batched", dependents=False)  # asked not to: its step stays
+            states(target)
+            assert requests.get(f"{target.url}/v2/models/simple_batched/ready").status_code == 200, target.name
+            unload(target, "simple_batched", dependents=False)  # takes `batched` with it
+            states(target)
+            for name in ("simple_batched", "batched"):  # now loaded by name, then run by the ensemble
+                assert requests.post(f"{target.url}/v2/repository/models/{name}/load").status_code == 200
+            unload(target, "batched", dependents=True)  # loaded by name: it stays
+            states(target)
+            assert requests.get(f"{target.url}/v2/models/simple_batched/ready").status_code == 200, target.name
+    finally:
+        stop_server(triton)
+        stop_server(ours)
+
 def test_an_ensemble_outside_a_repository_cannot_load(tmp_path):
     from kserve_ascend.core.models.model import Model
 

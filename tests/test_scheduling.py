@@ -30,7 +30,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
-from kserve_ascend.core.errors import InvalidInput, Unavailable
+from kserve_ascend.core.errors import Unavailable
 from kserve_ascend.core.scheduling.adaptive import AdaptiveBatchLimit
 from kserve_ascend.core.scheduling.batcher import DynamicBatcher
 from kserve_ascend.core.scheduling.queue import BatchQueue
@@ -96,14 +96,11 @@ def test_urgent_requests_jump_the_queue():
     assert [b[0] for b in runner.batches] == [0, 99, 1, 2, 3]
 
 
-def test_priority_outside_the_levels_is_a_client_error():
-    async def main():
-        queue = BatchQueue(4, dynamic("priority_levels: 2"))
-        scheduler = DynamicBatcher([SleepyRunner(0)], [ThreadPoolExecutor(1)], queue, VersionStats())
-        with pytest.raises(InvalidInput, match="outside the model's priority levels 1..2"):
-            await submit(scheduler, 0, priority=3)
-
-    asyncio.run(main())
+def test_priority_beyond_the_levels_is_the_default_level():
+    """As in Triton (core's InferenceRequest::SetPriority): 0, absent or beyond the levels is the default."""
+    queue = BatchQueue(4, dynamic("priority_levels: 3 default_priority_level: 2"))
+    assert [queue.level_of(p) for p in (None, 0, 1, 2, 3, 4, 2**63)] == [1, 1, 0, 1, 2, 1, 1]
+    assert BatchQueue(4, dynamic("")).level_of(5) == 0  # no levels: one queue, any priority
 
 
 def test_full_queue_rejects_at_once():
@@ -304,5 +301,5 @@ def test_priority_parameter_over_http_and_grpc(policy_server):
     executed.subtract(executions_by_batch_size(before))
     assert +executed == {6: 3, 2: 1}
     assert after["execution_count"] - before["execution_count"] == 4
-    refused = request(server, PRIORITY, priority=7)
-    assert isinstance(refused, InferenceServerException) and "outside the model's priority levels 1..2" in refused.message()
+    beyond = request(server, PRIORITY, priority=7, value=7.0)  # beyond the 2 levels: the default level, as in Triton
+    np.testing.assert_array_equal(beyond, np.full((1, 4), 7.0, np.float32))

@@ -7,7 +7,10 @@ Loads and unloads run one at a time per model. A version taken out of service is
 after the switch: requests already holding it finish there, new ones go to the new set.
 As in Triton, loading an ensemble first loads the models its steps run that are not loaded;
 an ensemble is loaded again (checked against its steps anew) when one of them is, and unloaded
-with it when one of them is unloaded, to come back when that one is loaded again.
+with it when one of them is unloaded, to come back when that one is loaded again. Unloading a
+model with its dependents (Triton's `unload_dependents`) also unloads the step models that were
+loaded only along with it and that no other loaded ensemble runs (Triton's cascading removal,
+core's model_repository_manager.cc `DependencyGraph::RemoveNodes`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Repository:
         self._steps: dict[str, list[str]] = {}
         #: ensembles unloaded because a step model was: loaded again with it
         self._held: set[str] = set()
+        #: step models loaded only because an ensemble needed them (not asked for by name)
+        self._along: set[str] = set()
 
     def _model(self, name: str, path: Path) -> Model:
         return Model(name, path, self.get, lambda: self.on_change())
@@ -113,6 +118,7 @@ class Repository:
             self.check_name(name)
             if not (self.root / name).is_dir():  # before a lock is made for the name
                 raise ModelNotFound(f"Request for unknown model: '{name}' has no directory in the repository")
+        self._along.discard(name)
         await self._load(name, override, {name})
 
     async def _load(self, name: str, override: mc.ModelConfig | None, visiting: set[str]) -> None:
@@ -123,6 +129,7 @@ class Repository:
             model = self.models.get(step)
             if step not in visiting and (model is None or not model.requested) and (self.root / step).is_dir():
                 visiting.add(step)
+                self._along.add(step)
                 try:
                     await self._load(step, None, visiting)
                 except AscendError as error:  # the ensemble's load says which step failed
@@ -144,20 +151,35 @@ class Repository:
                 except AscendError as error:
                     log.error("ensemble '%s' did not reload after its step '%s' did: %s", dependent, name, error)
 
-    async def unload(self, name: str) -> None:
-        """Stops serving a model once the requests it holds are answered (and the ensembles that run it)."""
+    async def unload(self, name: str, with_steps: bool = False) -> None:
+        """Stops serving a model once the requests it holds are answered (and the ensembles that run it).
+
+        `with_steps` (Triton's `unload_dependents`): then also the step models it loaded along with
+        it that nothing else loaded still runs, and theirs in turn.
+        """
         self.get(name)  # an unknown or invalid name raises before a lock is made for it
         self._held.discard(name)
+        self._along.discard(name)
         async with self._locks[name]:
             retired = self.get(name).unload()
             self.on_change()
             await _retire(retired)
         await self._unload_dependents(name)
+        if with_steps:
+            for step in self._steps.get(name, []):
+                if step in self._along and step in self.models and not self._runs(step):
+                    log.info("model '%s', loaded along with '%s', is unloaded with it", step, name)
+                    await self.unload(step, with_steps=True)
+
+    def _runs(self, step: str) -> bool:
+        """Whether a loaded ensemble runs `step`."""
+        return any(self.models[e].requested for e in self._dependents(step))
 
     async def remove(self, name: str) -> None:
         """Unloads a model whose directory is gone and drops it from the index."""
         self._steps.pop(name, None)
         self._held.discard(name)
+        self._along.discard(name)
         async with self._locks[name]:
             model = self.models.pop(name, None)
             if model is not None:

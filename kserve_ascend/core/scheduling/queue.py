@@ -22,7 +22,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import tracing
-from ..errors import InvalidInput, Unavailable
+from ..errors import Unavailable
 from ..stats import RequestTiming
 from .adaptive import AdaptiveBatchLimit, CostModel
 
@@ -117,14 +117,10 @@ class BatchQueue:
         return self.adaptive.limit if self.adaptive else self.max_batch_size
 
     def level_of(self, priority: int | None) -> int:
-        """Queue index of a request's `priority` parameter (0 or absent: the default level).
-
-        A model without `priority_levels` has one level and takes any priority, as Triton does.
-        """
-        if not priority or not self.priority_levels:
+        """Queue index of a request's `priority` parameter: 0, absent or beyond the model's levels is the
+        default level, as in Triton (core's infer_request.cc `InferenceRequest::SetPriority`)."""
+        if not priority or priority > self.priority_levels:
             return self.default_level
-        if not 1 <= priority <= self.priority_levels:
-            raise InvalidInput(f"priority {priority!r} is outside the model's priority levels 1..{len(self._levels)}")
         return priority - 1
 
     def put(self, pending: Pending, timeout_us: int | None = None, instances: int = 1) -> float:

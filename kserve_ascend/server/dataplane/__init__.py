@@ -23,7 +23,7 @@ SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
 EXTENSIONS = (
     "binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics", "system_shared_memory",
-    "classification", "sequence",
+    "classification", "sequence", "model_repository(unload_dependents)", "schedule_policy",
 )
 SHUTTING_DOWN = "the server is shutting down"
 #: The one input of a raw binary request, by this name: its body's bytes (uint8), which the data plane
@@ -103,7 +103,8 @@ class DataPlane(Protocol):
 
     async def load_model(self, name: str, config_json: str | None = None) -> None: ...
 
-    async def unload_model(self, name: str) -> None: ...
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """The repository extension's unload; `unload_dependents`: also the step models loaded along with it."""
 
     async def infer(self, request: InferRequest) -> InferResult: ...
 

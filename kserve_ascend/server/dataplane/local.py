@@ -121,9 +121,9 @@ class LocalDataPlane:
         except (InvalidInput, ModelNotFound) as error:
             raise type(error)(f"failed to load '{name}': {error}") from None
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_explicit_control()
-        await self.repository.unload(name)
+        await self.repository.unload(name, with_steps=unload_dependents)
 
     def _check_explicit_control(self) -> None:
         if not self.explicit_control:

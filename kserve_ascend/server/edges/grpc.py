@@ -130,7 +130,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def RepositoryModelUnload(self, request, context):
-        await self.dataplane.unload_model(request.model_name)
+        unload_dependents = False
+        if "unload_dependents" in request.parameters:
+            parameter = request.parameters["unload_dependents"]
+            if parameter.WhichOneof("parameter_choice") != "bool_param":  # Triton's words
+                raise InvalidInput("invalid value type for 'unload_dependents' parameter, expected bool_param.")
+            unload_dependents = parameter.bool_param
+        await self.dataplane.unload_model(request.model_name, unload_dependents)
         return pb.RepositoryModelUnloadResponse()
 
     @_answers_errors

@@ -174,7 +174,14 @@ class RestEndpoints:
         return _EMPTY
 
     async def unload_model(self, call: Call) -> Answer:
-        await self.dataplane.unload_model(call.name)
+        body = await call.body()
+        parameters = (json_object(body) if body else {}).get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidInput("'parameters' must be an object")
+        unload_dependents = parameters.get("unload_dependents", False)
+        if not isinstance(unload_dependents, bool):  # Triton's words; its 2.51 then unloads anyway (deviations.yaml)
+            raise InvalidInput("Unable to parse 'unload_dependents': attempt to access JSON non-boolean as boolean")
+        await self.dataplane.unload_model(call.name, unload_dependents)
         return _EMPTY
 
     async def infer(self, call: Call) -> Answer:
