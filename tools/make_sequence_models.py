@@ -15,7 +15,8 @@ Triton's sequence client examples (`simple_{http,grpc}_sequence_sync_infer_clien
 - `sequence_accumulator` (direct): the running sum with READY/START controls and implicit
   state without an initial_state: OUTPUT_STATE = INPUT + INPUT_STATE * (1 - START).
 
-All tensors are INT32 [batch, 1] (CORRID UINT64 or STRING). Rerun with
+All tensors are INT32 [batch, 1] (CORRID UINT64 or STRING). `sequence_accumulator` is also the
+conformance suite's sequence model (conformance/models). Rerun with
 `python tools/make_sequence_models.py`; the output is byte-for-byte deterministic.
 """
 
@@ -26,6 +27,7 @@ import onnx
 from onnx import TensorProto, helper
 
 ROOT = Path(__file__).resolve().parent.parent
+CONFORMANCE_MODEL = ROOT / "conformance" / "models" / "sequence_accumulator" / "1" / "model.onnx"
 
 
 def _tensor(name: str, elem_type: int = TensorProto.INT32):
@@ -97,8 +99,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     args = parser.parse_args()
-    for name, build in BUILDERS.items():
-        out = args.repository / name / "1" / "model.onnx"
+    outs = [(args.repository / name / "1" / "model.onnx", build) for name, build in BUILDERS.items()]
+    outs.append((CONFORMANCE_MODEL, BUILDERS["sequence_accumulator"]))
+    for out, build in outs:
         out.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(build(), out)
         print(f"wrote {out}")
