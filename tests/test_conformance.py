@@ -73,7 +73,10 @@ def test_suite_passes_on_kserve_ascend_with_no_deviation(report):
 
 def test_suite_passes_on_kserve_ascend_with_two_workers(tmp_path, report):
     """An engine with two frontends (`--workers 2`) that the suite's connections spread over."""
-    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*", workers=2)
+    server = start_server(
+        MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*",
+        "--cache_config", f"local,size={harness.CACHE_SIZE}", workers=2,
+    )
     try:
         result = run_suite(server, "kserve-ascend --workers 2", report)
     finally:
