@@ -94,6 +94,11 @@ def test_statistics_and_metrics_equal_tritons_for_the_same_requests(side_by_side
         "success": 4, "fail": 0, "queue": 4, "compute_input": 2, "compute_infer": 2, "compute_output": 2,
         "cache_hit": 2, "cache_miss": 2, "inference_count": 2, "execution_count": 2,
     }
+    # The ensemble, which Triton's core serves itself, counts its hit as Triton counts the ascend backend's.
+    assert seen["triton"]["cache_ensemble"] == {
+        "success": 2, "fail": 0, "queue": 2, "compute_input": 1, "compute_infer": 1, "compute_output": 1,
+        "cache_hit": 1, "cache_miss": 1, "inference_count": 1, "execution_count": 1,
+    }
     assert seen["triton"]["identity_fp32"]["execution_count"] == 3  # twice its own, once the ensemble's miss
 
     def metrics(server) -> dict[str, dict]:

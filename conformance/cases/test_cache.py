@@ -11,6 +11,8 @@ a server without one skips these cases. Answers are random, so every case makes 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -126,6 +128,38 @@ def test_ensemble_hit_runs_no_step(target, cache):
     assert (now["cache_hit"] - before["cache_hit"], now["cache_miss"] - before["cache_miss"]) == (1, 1)
     # Recorded before the ensemble's own request: the step ran for the miss only.
     assert counts(target, "identity_fp32")["execution_count"] - step["execution_count"] == 1
+
+
+@pytest.mark.spec("Triton response_cache.md §Known Limitations: only outputs in CPU memory (system shared memory is)")
+def test_cache_hit_written_to_shared_memory(target, cache, requires):
+    """A request whose output goes to a system shared memory region is cached like any other (Triton 2.51
+    caches it: its limitation is outputs outside CPU memory, i.e. CUDA), and its hit is written there."""
+    requires("system_shared_memory")
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    x = fresh()
+    name = f"cache_{target.name}_{os.getpid()}".replace(" ", "_")
+    handle = shm.create_shared_memory_region(name, f"/{name}", x.nbytes)
+    before = counts(target, CACHED)
+    try:
+        with httpclient.InferenceServerClient(target.http) as client:
+            client.register_system_shared_memory(name, f"/{name}", x.nbytes)
+            try:
+                for _ in range(2):
+                    shm.set_shared_memory_region(handle, [np.zeros_like(x)])
+                    tensor = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+                    tensor.set_data_from_numpy(x)
+                    output = httpclient.InferRequestedOutput("OUTPUT0")
+                    output.set_shared_memory(name, x.nbytes)
+                    client.infer(CACHED, [tensor], outputs=[output])
+                    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, list(x.shape)), x)
+            finally:
+                client.unregister_system_shared_memory(name)
+    finally:
+        shm.destroy_shared_memory_region(handle)
+    now = after(target, CACHED, before, 2)
+    assert (now["cache_hit"] - before["cache_hit"], now["cache_miss"] - before["cache_miss"]) == (1, 1)
 
 
 #: FP32 answers of about 400 KB: two fit in the suite's cache of 1 MiB, three do not.
