@@ -89,7 +89,8 @@ class RequestTiming:
         self.answer_start = 0
         #: Whether the response cache answered it, and the cache's part (Triton's cache_hit / cache_miss).
         self.cached = False
-        self.cache_hit_ns = self.cache_miss_ns = 0
+        self.cache_hit_ns = 0
+        self.cache_miss_ns: int | None = None
 
     def queued(self, stats: VersionStats) -> None:
         """A scheduler took the request: from now on it is counted, in `stats`."""
@@ -204,7 +205,7 @@ class VersionStats:
         self.queue.add(execution.start - timing.enqueued)
         self.compute.add(timing.enqueued - timing.start + execution.input_ns, execution.infer_ns, execution.output_ns + answer_ns)
         self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total)] += 1
-        if timing.cache_miss_ns:
+        if timing.cache_miss_ns is not None:
             self.cache_miss.add(timing.cache_miss_ns)
 
     def record_cache_hit(self, timing: RequestTiming, end: int) -> None:
