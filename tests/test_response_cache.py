@@ -6,6 +6,7 @@ conformance/cases/test_cache.py holds the cases both servers pass; here what nee
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -212,3 +213,25 @@ def test_a_bad_cache_config_is_refused_with_the_reason(value, error):
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1].endswith(f"error: --cache_config: {error}")
+
+
+def test_a_reloaded_version_answers_nothing_its_predecessor_computed(tmp_path):
+    """The key's version is the loaded version itself: after a reload that changes the model, an earlier request
+    runs again (Triton keys the version number only)."""
+    server = start_server(
+        repository(tmp_path / "repo", "cache_identity_fp32"), tmp_path / "server.log",
+        "--cache_config", CACHE, "--model_control_mode", "explicit", "--load_model", "cache_identity_fp32",
+    )
+    try:
+        for _ in range(2):
+            call(server, "cache_identity_fp32", fp32(7))
+        assert hits_and_misses(server, "cache_identity_fp32") == (1, 1)
+        config = requests.get(f"{server.url}/v2/models/cache_identity_fp32/config", timeout=10).json()
+        config["parameters"]["sim_fixed_ms"] = {"string_value": "1"}  # another model: the version is loaded anew
+        load = requests.post(f"{server.url}/v2/repository/models/cache_identity_fp32/load", json={"parameters": {"config": json.dumps(config)}}, timeout=30)
+        assert load.status_code == 200, load.text
+        call(server, "cache_identity_fp32", fp32(7))
+        assert hits_and_misses(server, "cache_identity_fp32") == (0, 1)  # the new version's own statistics
+        assert counts(server, "cache_identity_fp32")["execution_count"] == 1
+    finally:
+        stop_server(server)
