@@ -217,7 +217,8 @@ def test_a_bad_cache_config_is_refused_with_the_reason(value, error):
 
 def test_a_reloaded_version_answers_nothing_its_predecessor_computed(tmp_path):
     """The key's version is the loaded version itself: after a reload that changes the model, an earlier request
-    runs again (Triton keys the version number only)."""
+    runs again. Triton 2.51 keys the version number only: there the same request is a cache hit after such a
+    reload (measured with a config override changing sim_fixed_ms, as here)."""
     server = start_server(
         repository(tmp_path / "repo", "cache_identity_fp32"), tmp_path / "server.log",
         "--cache_config", CACHE, "--model_control_mode", "explicit", "--load_model", "cache_identity_fp32",
