@@ -40,6 +40,8 @@ TRITON_READY_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 30
 #: What `start_server` starts when its caller names no number of frontends (`pytest --workers N` sets it).
 DEFAULT_WORKERS = 1
+#: The response cache (bytes) the suite's servers run with: conformance/cases/test_cache.py relies on it.
+CACHE_SIZE = 1_048_576
 
 
 # ---------------------------------------------------------------- processes

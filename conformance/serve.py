@@ -1,7 +1,8 @@
 """`--serve NAME`: a server of this project started for one run of the suite, and stopped after it.
 
 It serves conformance/models with explicit model control and every model loaded at start-up
-(the repository cases unload and load models), on free ports, reached over loopback.
+(the repository cases unload and load models), with a response cache of harness.CACHE_SIZE bytes
+(the cache cases), on free ports, reached over loopback.
 Only this path needs the project's servers (started by the harness tests/ uses too); the cases
 never import them.
 """
@@ -23,9 +24,12 @@ READY_TIMEOUT_S = 120
 def start(name: str, workdir: Path) -> harness.Server:
     if name == "kserve-ascend":
         log = workdir / "kserve-ascend.log"
-        return harness.start_server(MODELS, log, "--model_control_mode", "explicit", "--load_model", "*", workers=1, timeout=READY_TIMEOUT_S)
+        return harness.start_server(
+            MODELS, log, "--model_control_mode", "explicit", "--load_model", "*", "--cache_config", f"local,size={harness.CACHE_SIZE}",
+            workers=1, timeout=READY_TIMEOUT_S,
+        )
     return harness.start_triton(
-        MODELS, workdir, "--model-control-mode=explicit", "--load-model=*",
+        MODELS, workdir, "--model-control-mode=explicit", "--load-model=*", f"--cache-config=local,size={harness.CACHE_SIZE}",
         # Loopback only (metrics follows the HTTP address); kserve-ascend, like KServe, binds every interface.
         "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", timeout=READY_TIMEOUT_S,
     )  # fmt: skip

@@ -52,6 +52,7 @@ def test_suite_passes_on_real_triton_with_only_known_deviations(report):
     # Explicit model control: the model repository extension (load/unload) is exercised too.
     assert results["test_repository_unload_then_load"] == "pass"
     assert results["test_system_shared_memory_inference"] == "pass"
+    assert results["test_cache_hit_answers_without_running_the_model"] == "pass"  # run with its cache, not skipped
 
 
 def assert_kserve_ascend_passes(report, name: str) -> None:
@@ -60,6 +61,7 @@ def assert_kserve_ascend_passes(report, name: str) -> None:
     assert list(results.values()).count("pass") > 90
     assert results["test_repository_unload_then_load"] == "pass"
     assert results["test_system_shared_memory_inference"] == "pass"
+    assert results["test_cache_evicts_the_least_recently_used"] == "pass"  # run with its cache, not skipped
     markdown = report.read_text()
     assert "| case | specification |" in markdown and f" {name} |" in markdown
 
@@ -73,7 +75,10 @@ def test_suite_passes_on_kserve_ascend_with_no_deviation(report):
 
 def test_suite_passes_on_kserve_ascend_with_two_workers(tmp_path, report):
     """An engine with two frontends (`--workers 2`) that the suite's connections spread over."""
-    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*", workers=2)
+    server = start_server(
+        MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*",
+        "--cache_config", f"local,size={harness.CACHE_SIZE}", workers=2,
+    )
     try:
         result = run_suite(server, "kserve-ascend --workers 2", report)
     finally:

@@ -95,6 +95,8 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         f"--http-port={args.http_port}",
         f"--grpc-port={args.grpc_port}",
         f"--metrics-port={args.metrics_port}",
+        # Where NVIDIA's images have theirs (/opt/tritonserver/caches): `--cache-config local,size=N` then works.
+        f"--cache-directory={server / 'caches'}",
         *args.triton_args,
     ]
     return argv, environment()

@@ -39,6 +39,19 @@ def read_config(model_dir: Path) -> mc.ModelConfig:
 def check_supported(config: mc.ModelConfig) -> None:
     """Refuses, naming the field, a config asking for what the ascend backend does not do, rather
     than serving it as if it had not asked."""
+    if config.response_cache.enable:
+        # Triton's refusals, word for word (core's ValidateModelConfig, model_config_utils.cc), whether or not
+        # the server has a cache: the cache stores one answer per request, which neither kind of model has.
+        if config.HasField("sequence_batching"):
+            raise ModelLoadError(
+                f"Response Cache does not currently support model {config.name} with sequence batching scheduler."
+                " Please disable the response cache."
+            )
+        if config.model_transaction_policy.decoupled:
+            raise ModelLoadError(
+                f"Response Cache does not currently support model {config.name} with 'decoupled' transaction policy."
+                " Please disable the response cache."
+            )
     if config.model_transaction_policy.decoupled:
         raise ModelLoadError(
             "model_transaction_policy.decoupled is not supported: the ascend backend answers every request"

@@ -19,10 +19,11 @@ from typing import ClassVar
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .cache import ResponseCache
 from .errors import InvalidInput, ModelNotReady
 from .scheduling.sequences import SequenceRequest
 from .signature import Signature
-from .stats import RequestTiming, VersionStats
+from .stats import RequestTiming, VersionStats, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,10 @@ class ServedVersion(ABC):
     sha256: str = ""
     #: Told why when the version can no longer serve (set by the Model that serves this version).
     on_unavailable: Callable[[str], None] | None = None
+    #: The server's response cache, where the server has one and the config enables it (`response_cache`),
+    #: and what this version's keys in it start with (`ResponseCache.scope`).
+    cache: ResponseCache | None = None
+    cache_scope: bytes = b""
 
     async def infer(
         self, inputs: Tensors, outputs: Collection[str], options: RequestOptions, timing: RequestTiming
@@ -206,9 +211,36 @@ class ServedVersion(ABC):
         """
         if outputs:
             self.signature.check_outputs(outputs)
+        if self.cache is not None:
+            return await self._infer_cached(self.cache, inputs, outputs, options, timing)
+        return await self._run(inputs, outputs, options, timing)
+
+    async def _run(
+        self, inputs: Tensors, outputs: Collection[str], options: RequestOptions, timing: RequestTiming
+    ) -> dict[str, np.ndarray]:
         rows, inputs = self.accept(inputs, options)
         answer = await self.scheduler.submit(Request(inputs, rows, outputs, options, timing))
         return {name: answer[name] for name in outputs} if outputs else answer
+
+    async def _infer_cached(
+        self, cache: ResponseCache, inputs: Tensors, outputs: Collection[str], options: RequestOptions, timing: RequestTiming
+    ) -> dict[str, np.ndarray]:
+        """As Triton's schedulers use its cache: looked up as the request enters the scheduler, the answer
+        stored once the model made it. A hit runs nothing. The lookup precedes the request's checks, as a
+        request equal to one answered before passes them as that one did."""
+        enqueued = now_ns()
+        key = cache.key(self.cache_scope, inputs, outputs)
+        lookup_start = now_ns()
+        answer = cache.lookup(key)
+        lookup_end = now_ns()
+        if answer is not None:
+            timing.cache_hit(self.stats, enqueued, lookup_start, lookup_end)
+            return answer
+        answer = await self._run(inputs, outputs, options, timing)
+        insert_start = now_ns()
+        if cache.insert(key, answer):
+            timing.cache_missed(lookup_end - lookup_start + now_ns() - insert_start)
+        return answer
 
     def accept(self, inputs: Tensors, options: RequestOptions) -> tuple[int, Tensors]:
         """The request's batch size and what its scheduler takes of it; InvalidInput if it does not fit the model."""

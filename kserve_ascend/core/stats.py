@@ -79,7 +79,7 @@ class RequestTiming:
     before a scheduler took it is never recorded, as in Triton.
     """
 
-    __slots__ = ("answer_start", "enqueued", "execution", "start", "stats")
+    __slots__ = ("answer_start", "cache_hit_ns", "cache_miss_ns", "cached", "enqueued", "execution", "start", "stats")
 
     def __init__(self, start: int | None = None) -> None:
         self.start = now_ns() if start is None else start
@@ -87,6 +87,10 @@ class RequestTiming:
         self.execution: Execution | None = None
         self.stats: VersionStats | None = None
         self.answer_start = 0
+        #: Whether the response cache answered it, and the cache's part (Triton's cache_hit / cache_miss).
+        self.cached = False
+        self.cache_hit_ns = 0
+        self.cache_miss_ns: int | None = None
 
     def queued(self, stats: VersionStats) -> None:
         """A scheduler took the request: from now on it is counted, in `stats`."""
@@ -94,6 +98,16 @@ class RequestTiming:
 
     def executed(self, execution: Execution) -> None:
         self.execution = execution
+
+    def cache_hit(self, stats: VersionStats, enqueued: int, lookup_start: int, lookup_end: int) -> None:
+        """The response cache answered the request: from `enqueued` to the lookup (hashing it) it queued, as
+        Triton counts a hit's queue time; no execution ran (empty phases)."""
+        self.stats, self.enqueued, self.cache_hit_ns, self.cached = stats, enqueued, lookup_end - lookup_start, True
+        self.execution = Execution(lookup_start)
+
+    def cache_missed(self, ns: int) -> None:
+        """The response cache did not have the answer: `ns` spent looking it up and storing it."""
+        self.cache_miss_ns = ns
 
     def answering(self) -> None:
         """Making the answer of the outputs begins (classification, encoding)."""
@@ -108,7 +122,9 @@ class RequestTiming:
             return  # never queued, or recorded already
         self.stats = None
         end = now_ns()
-        if ok:
+        if ok and self.cached:
+            stats.record_cache_hit(self, end)
+        elif ok:
             stats.record_success(self, end, end - self.answer_start if answer_ns is None else answer_ns)
         else:
             stats.record_failure(end - self.start, "OTHER")
@@ -168,6 +184,9 @@ class VersionStats:
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BOUNDS_NS) + 1))
     #: failed requests by reason (FAILURE_REASONS)
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    #: requests the response cache answered (their lookup), and requests it looked up in vain (lookup and insertion)
+    cache_hit: Duration = field(default_factory=Duration)
+    cache_miss: Duration = field(default_factory=Duration)
 
     def record_execution(self, rows: int, execution: Execution) -> None:
         self.execution_count += 1
@@ -186,6 +205,17 @@ class VersionStats:
         self.queue.add(execution.start - timing.enqueued)
         self.compute.add(timing.enqueued - timing.start + execution.input_ns, execution.infer_ns, execution.output_ns + answer_ns)
         self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total)] += 1
+        if timing.cache_miss_ns is not None:
+            self.cache_miss.add(timing.cache_miss_ns)
+
+    def record_cache_hit(self, timing: RequestTiming, end: int) -> None:
+        """A request the response cache answered: a success with its queue time and no compute, as Triton
+        counts it (core `InferenceStatsAggregator::UpdateSuccessCacheHit`: no inference, no execution)."""
+        total = end - timing.start
+        self.success.add(total)
+        self.queue.add(timing.execution.start - timing.enqueued)
+        self.cache_hit.add(timing.cache_hit_ns)
+        self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total)] += 1
 
     def record_failure(self, total_ns: int, reason: str) -> None:
         """`reason` as Triton's failure metric labels it: REJECTED, CANCELED, BACKEND or OTHER."""
@@ -195,7 +225,6 @@ class VersionStats:
     def as_dict(self, name: str, version: int, padding_rows: int = 0) -> dict:
         """Triton's ModelStatistics, plus `batch_padding_rows`: zero rows added to fill batches up to a
         batch size the model file takes (counted by the instances, which pad)."""
-        zero = Duration().as_dict()
         return {
             "name": name,
             "version": str(version),
@@ -208,9 +237,9 @@ class VersionStats:
                 "fail": self.fail.as_dict(),
                 "queue": self.queue.as_dict(),
                 **self.compute.as_dict(),
-                # No response cache: Triton reports both at zero for a model without one.
-                "cache_hit": zero,
-                "cache_miss": zero,
+                # Both at zero for a model without a response cache, as Triton reports them.
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             # Per-response figures are for decoupled models, which this server has none of: Triton answers {}.
             "response_stats": {},

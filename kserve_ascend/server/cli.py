@@ -17,6 +17,7 @@ from types import ModuleType
 
 from .. import cann_config
 from ..core import tracing
+from ..core.cache import ResponseCache
 from . import kserve_seam
 from .edges import rest
 from .edges.auth import Authenticator
@@ -117,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     security.add_argument("--auth_jwt_issuer", help="The 'iss' an accepted JWT must carry.")
     security.add_argument("--auth_jwt_audience", help="The 'aud' an accepted JWT must carry.")
     parser.add_argument(
+        "--cache_config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="A response cache of this many bytes (Triton's --cache-config), used by the models whose config.pbtxt "
+        "says response_cache { enable: true }: a request equal to one answered before is answered again without "
+        "running the model. Without it such models serve uncached, as in Triton.",
+    )
+    parser.add_argument(
         "--enable_tracing",
         action="store_true",
         help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
@@ -168,7 +178,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--workers must be at least 1")
     if args.workers > 1 and not (hasattr(os, "memfd_create") and hasattr(socket, "SO_REUSEPORT")):
         parser.error("--workers N > 1 needs Linux: its frontends share memfd shared memory and SO_REUSEPORT ports")
+    try:
+        response_cache(args)
+    except ValueError as error:
+        parser.error(f"--cache_config: {error}")
     return args
+
+
+def response_cache(args: argparse.Namespace) -> ResponseCache | None:
+    """The response cache `--cache_config` asks for (in the process that holds the models), if any."""
+    return ResponseCache.parse(args.cache_config) if args.cache_config else None
 
 
 @dataclass(frozen=True)

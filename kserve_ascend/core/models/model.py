@@ -11,6 +11,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import config as cfg
+from ..cache import ResponseCache
 from ..contracts import ServedVersion
 from ..errors import ModelLoadError, ModelNotFound, ModelNotReady
 from . import ensemble
@@ -41,6 +42,7 @@ class Model:
         model_dir: Path,
         models: Callable[[str], Model] | None = None,
         on_unavailable: Callable[[], None] = lambda: None,
+        cache: ResponseCache | None = None,
     ):
         self.name = name
         self.model_dir = model_dir
@@ -48,6 +50,8 @@ class Model:
         self.models = models
         #: Told when a served version can no longer serve (the repository tells who follows it).
         self.on_unavailable = on_unavailable
+        #: The server's response cache: versions use it when their config enables it (`response_cache`).
+        self.cache = cache
         self.config = mc.ModelConfig(name=name)
         self.versions: dict[int, ServedVersion] = {}
         self.weights: dict[int, float] = {}
@@ -109,6 +113,8 @@ class Model:
             raise ModelLoadError(reason) from None
         for version in loaded.values():
             version.on_unavailable = lambda reason, version=version: self._unavailable(version, reason)
+            if self.cache is not None and version.config.response_cache.enable:
+                version.cache, version.cache_scope = self.cache, self.cache.scope(self.name, version.version)
         retired = [v for number, v in self.versions.items() if served.get(number) is not v]
         self.weights = weights
         self.config = served[max(served)].config  # completed from the file where config.pbtxt was silent

@@ -26,6 +26,7 @@ import watchfiles
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import config as cfg
+from ..cache import ResponseCache
 from ..contracts import ServedVersion
 from ..errors import AscendError, InvalidInput, ModelNotFound
 from ..execution.loading import file_stamp
@@ -40,10 +41,12 @@ SETTLE_S = 1.0
 
 
 class Repository:
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, cache: ResponseCache | None = None):
         # Absolute: the watcher reports absolute paths, which must be under the root as given (a relative
         # --model_dir in poll mode once crashed the server on the first change), and the cwd may change.
         self.root = Path(root).absolute()
+        #: The server's response cache (`--cache_config`), which the versions of models enabling it use.
+        self.cache = cache
         if not self.root.is_dir():
             raise FileNotFoundError(f"model repository {self.root} is not a directory")
         #: Called (on the event loop) whenever what the repository serves changed: a model loaded, unloaded, removed
@@ -59,7 +62,7 @@ class Repository:
         self._along: set[str] = set()
 
     def _model(self, name: str, path: Path) -> Model:
-        return Model(name, path, self.get, lambda: self.on_change())
+        return Model(name, path, self.get, lambda: self.on_change(), self.cache)
 
     def _directories(self) -> dict[str, Path]:
         return {

@@ -11,6 +11,10 @@ Two vocabularies over the same numbers, labelled `model` and `version`:
   `inference_latency_seconds`, `batch_size_distribution`, `inference_queue_depth`, and
   `npu_utilization_percent{device}` where the runtime can read it from the device.
 
+With `--cache_config`, Triton's response cache metrics: `nv_cache_num_hits_per_model` and the other
+per-model counters for the versions whose config enables the cache, and the cache's own gauges
+(`nv_cache_num_entries`, `nv_cache_util`, ...), unlabelled as Triton's local cache writes them.
+
 And this server's own, prefixed `ascend_` as Triton prefixes its own `nv_`:
 `ascend_batch_padding_rows` (zero rows added to fill batches up to a size the model file
 takes; the statistics extension's `batch_padding_rows`), and per instance, labelled also
@@ -41,6 +45,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
+from ...core.cache import ResponseCache
 from ...core.contracts import InstanceHealth, ServedVersion, VersionHealth
 from ...core.models.repository import Repository
 from ...core.stats import FAILURE_REASONS, LATENCY_BUCKETS_S
@@ -88,6 +93,29 @@ _PER_VERSION: tuple[tuple[type, str, str, Callable[[ServedVersion, VersionHealth
      lambda v, h: h.padding_rows),
 )
 
+#: Triton's per-model response cache counters (core's metrics.cc), for the versions whose config enables
+#: the cache (whether or not the server has one, as Triton shows them).
+_PER_CACHED_VERSION: tuple[tuple[str, str, Callable[[ServedVersion], float]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda v: v.stats.cache_hit.count),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda v: v.stats.cache_hit.ns // 1000),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda v: v.stats.cache_miss.count),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda v: v.stats.cache_miss.ns // 1000),
+)
+
+#: Triton's local cache gauges, server-wide and unlabelled (local_cache's LocalCache::InitMetrics).
+_CACHE: tuple[tuple[str, str, Callable[[ResponseCache], float]], ...] = (
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", lambda c: c.used / c.size),
+    ("nv_cache_num_entries", "Number of responses stored in response cache", lambda c: c.entries),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", lambda c: c.hits),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", lambda c: c.misses),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", lambda c: c.lookups),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache", lambda c: c.evictions),
+    ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds", lambda c: c.lookup_us),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds", lambda c: c.insertion_us),
+)
+
 INSTANCE_LABELS = (*LABELS, "instance", "device")
 
 #: (name, help, value of one instance) of every per-instance gauge.
@@ -130,6 +158,15 @@ class RepositoryCollector(Collector):
                     metric.add_metric([*_labels(version), str(index), str(instance.device_id)], value(instance))
             yield metric
         versions = [version for version, _ in seen]
+        cached = [version for version in versions if version.config.response_cache.enable]
+        for name, documentation, value in _PER_CACHED_VERSION:
+            metric = _COUNTER(name, documentation, labels=LABELS)
+            for version in cached:
+                metric.add_metric(_labels(version), value(version))
+            yield metric
+        if (cache := self.repository.cache) is not None:
+            for name, documentation, value in _CACHE:
+                yield GaugeMetricFamily(name, documentation, value=value(cache))
         yield from _failures(versions)
         yield _latency(versions)
         yield _batch_sizes(versions)
