@@ -166,3 +166,38 @@ def test_graph_api_output_names_carry_the_network_output_index(acl, tmp_path):
     acl.mdl.get_desc(desc, model_id)
     names = [acl.mdl.get_output_name_by_index(desc, i) for i in range(2)]
     assert names == ["output_1_node_1_0", "output_0_node_0_0"]
+
+
+# ---- device memory (issue 30) ------------------------------------------------------------------
+
+
+def test_device_memory_is_what_allocations_and_loaded_models_take(acl, tmp_path):
+    acl.fake_set_device_memory(0, 64 << 20)
+    free, total, ret = acl.rt.get_mem_info(acl.ACL_HBM_MEM)
+    assert (free, total, ret) == (64 << 20, 64 << 20, acl.ACL_SUCCESS)
+    address, _ = acl.rt.malloc(1 << 20, 0)
+    assert acl.rt.get_mem_info(acl.ACL_DDR_MEM)[0] == 63 << 20  # a 310P's DDR reads alike
+    model = acl.fake_write_om(tmp_path / "m.om", [("x", acl.ACL_FLOAT, [2, 3])], work_size=3 << 20, weight_size=10 << 20)
+    assert acl.mdl.query_size(str(model)) == (3 << 20, 10 << 20, acl.ACL_SUCCESS)
+    model_id, ret = acl.mdl.load_from_file(str(model))
+    assert ret == acl.ACL_SUCCESS
+    assert acl.rt.get_mem_info(acl.ACL_HBM_MEM)[0] == 50 << 20
+    assert acl.mdl.unload(model_id) == acl.rt.free(address) == acl.ACL_SUCCESS
+    assert acl.rt.get_mem_info(acl.ACL_HBM_MEM)[:2] == (64 << 20, 64 << 20)
+    assert acl.rt.get_mem_info(2)[:2] == (0, 0)  # an attribute the device does not have reads 0 and 0
+
+
+def test_past_the_device_memory_malloc_and_load_fail_with_cann_codes(acl, tmp_path):
+    acl.fake_set_device_memory(0, 8 << 20)
+    assert acl.rt.malloc(9 << 20, 0) == (0, acl.ACL_ERROR_RT_MEMORY_ALLOCATION)
+    model = acl.fake_write_om(tmp_path / "m.om", [("x", acl.ACL_FLOAT, [2, 3])], weight_size=9 << 20)
+    assert acl.mdl.load_from_file(str(model)) == (0, acl.ACL_ERROR_GE_MEMORY_ALLOCATION)
+    assert acl.mdl.query_size(str(tmp_path / "none.om")) == (0, 0, acl.ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID)
+
+
+def test_get_mem_info_needs_a_device_set_in_the_thread():
+    fake = load_fake_acl()
+    assert fake.init() == fake.ACL_SUCCESS
+    assert fake.rt.get_mem_info(fake.ACL_HBM_MEM) == (0, 0, fake.ACL_ERROR_RT_CONTEXT_NULL)
+    assert fake.rt.set_device(1) == fake.ACL_SUCCESS
+    assert fake.rt.get_mem_info(fake.ACL_HBM_MEM)[2] == fake.ACL_SUCCESS

@@ -49,7 +49,22 @@ What it mimics of the real API (the shapes the CANN samples rely on):
     `acl.util.numpy_to_ptr` warn that they "will be deprecated"; `acl.util.bytes_to_ptr`
     accepts only `bytes`. After `acl.rt.free_host` a view of that memory fails on use: writes
     raise, reads give POISON bytes (real pyACL's view points at freed memory);
-  * env FAKE_ACL_WITHOUT="acl.util.ptr_to_numpy,...": a pyACL without those calls.
+  * env FAKE_ACL_WITHOUT="acl.util.ptr_to_numpy,...": a pyACL without those calls;
+  * device memory: each device has FAKE_ACL_DEVICE_MEMORY_MB of it (default 24576, a 310P's 24 GB;
+    `fake_set_device_memory(device_id, total_bytes)` changes it). `acl.rt.malloc` takes from it
+    and `acl.rt.free` gives back; `acl.mdl.load_from_file` takes the model's work and weight memory
+    (the descriptor's `work_size` and `weight_size`, default 0: counted, not backed by host
+    memory) and `acl.mdl.unload` gives it back. Past the total, `acl.rt.malloc` answers
+    ACL_ERROR_RT_MEMORY_ALLOCATION (207001, rt_error_codes.h: "only used by out of memory") and
+    `acl.mdl.load_from_file` ACL_ERROR_GE_MEMORY_ALLOCATION (245000, hicann/ge
+    inc/external/ge/ge_error_codes.h). `acl.rt.get_mem_info(attr)` returns `(free, total, ret)`
+    (pyACL rt/rt_memory.cpp WrapAclRtGetMemInfo, Py_BuildValue "kki") of the device the calling
+    thread set (acl.rt.set_device) or whose context is current, as aclrtGetMemInfo's constraints
+    say (hicann/runtime docs/zh/api_ref/11-01_device_memory_malloc_and_free.md: a device must be
+    set first; an attribute the hardware lacks reads 0 and 0, but ACL_HBM_MEM on a chip without
+    HBM reads its DDR: the fake's devices answer ACL_DDR_MEM (0) and ACL_HBM_MEM (1) alike);
+    `acl.mdl.query_size(path)` returns `(work_size, weight_size, ret)` of a model file (pyACL
+    mdl/mdl_wrap.cpp WrapAclMdlQuerySize, "kki"; CANN's pyACL reference, acl.mdl.query_size).
 
 What it adds for tests:
   * `fake_calls()`: every call in order, with its arguments and what it returned;
@@ -111,6 +126,7 @@ data.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import itertools
 import json
@@ -138,6 +154,9 @@ ACL_ERROR_PARSE_MODEL = 100013
 ACL_ERROR_REPEAT_FINALIZE = 100037
 ACL_ERROR_RELATIVE_RESOURCE_NOT_CLEARED = 148051
 ACL_ERROR_BAD_ALLOC = 200000
+ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
+ACL_ERROR_GE_MEMORY_ALLOCATION = 245000
+ACL_DDR_MEM, ACL_HBM_MEM = 0, 1  # aclrtMemAttr (acl_rt.h)
 ACL_ERROR_INTERNAL_ERROR = 500000
 ACL_ERROR_RT_PARAM_INVALID = 107000
 ACL_ERROR_RT_INVALID_DEVICEID = 107001
@@ -240,6 +259,7 @@ PYACL = {
     "acl.rt.free_host": Wrapper("k", "i", "rt/rt_memory.cpp WrapAclRtFreeHost"),
     "acl.rt.memcpy": Wrapper("kkkki", "i", "rt/rt_memory.cpp WrapAclRtMemcpy"),
     "acl.rt.memcpy_async": Wrapper("kkkkik", "i", "rt/rt_memory.cpp WrapAclRtMemcpyAsync"),
+    "acl.rt.get_mem_info": Wrapper("i", "kki", "rt/rt_memory.cpp WrapAclRtGetMemInfo"),
     "acl.util.numpy_to_ptr": Wrapper("O", "k", "util/numpy_convert.cpp WrapNumpyToPtr"),
     "acl.util.ptr_to_numpy": Wrapper("kOi", "O", "util/numpy_convert.cpp WrapPtrToNumpy"),
     "acl.util.bytes_to_ptr": Wrapper("O", "k", "util/bytes_convert.cpp WrapBytesToPtr"),
@@ -247,6 +267,7 @@ PYACL = {
     "acl.util.ptr_to_bytes": Wrapper("kk", "O", "util/bytes_convert.cpp WrapPtrToBytes"),
     "acl.mdl.load_from_file": Wrapper("s", "Ii", "mdl/mdl_wrap.cpp WrapAclMdlLoadFromFile"),
     "acl.mdl.unload": Wrapper("I", "i", "mdl/mdl_wrap.cpp WrapAclMdlUnload"),
+    "acl.mdl.query_size": Wrapper("s", "kki", "mdl/mdl_wrap.cpp WrapAclMdlQuerySize"),
     "acl.mdl.create_desc": Wrapper(None, "k", "mdl/mdl_wrap.cpp WrapAclMdlCreateDesc"),
     "acl.mdl.get_desc": Wrapper("kI", "i", "mdl/mdl_wrap.cpp WrapAclMdlGetDesc"),
     "acl.mdl.destroy_desc": Wrapper("k", "i", "mdl/mdl_wrap.cpp WrapAclMdlDestroyDesc"),
@@ -279,8 +300,9 @@ class _Region:
     """Memory behind an address: device (a bytearray at a fake address) or host (real memory at its
     real address, as pyACL hands out: pinned memory of acl.rt.malloc_host, or an array's own)."""
 
-    def __init__(self, kind: str, memory: memoryview, owner: object = None, pinned: bool = False):
+    def __init__(self, kind: str, memory: memoryview, owner: object = None, pinned: bool = False, device: int = -1):
         self.kind = kind  # "device" or "host"
+        self.device = device  # of device memory
         self.memory = memory
         self.owner = owner  # keeps a host array alive while its address is handed out
         self.pinned = pinned  # host memory of acl.rt.malloc_host
@@ -292,6 +314,8 @@ class _Model:
 
     def __init__(self, descriptor: dict, context: int):
         self.context = context
+        self.device = _state.contexts[context]
+        self.work_size, self.weight_size = _sizes(descriptor)
         self.gears = sorted(descriptor.get("dynamic_batch") or [])
         self.relu = bool(descriptor.get("relu"))
         self.inputs = [_tensor(t) for t in descriptor["inputs"]]
@@ -316,6 +340,11 @@ class _Model:
         if self.gears and tensor["name"] != DYNAMIC_BATCH_INPUT:
             dims[0] = self.gears[-1]
         return dims
+
+
+def _sizes(descriptor: dict) -> tuple[int, int]:
+    """The work and weight memory a fake .om declares (what acl.mdl.query_size reports and a load takes)."""
+    return int(descriptor.get("work_size", 0)), int(descriptor.get("weight_size", 0))
 
 
 def _tensor(declared: dict) -> dict:
@@ -398,6 +427,8 @@ class _State:
         self.datasets: dict[int, list[int]] = {}  # dataset -> data buffers
         self.data_buffers: dict[int, tuple[int, int]] = {}  # data buffer -> (address, size)
         self.utilization: dict[int, dict] = {}  # device id -> what get_device_utilization_rate reports
+        default_mb = int(os.environ.get("FAKE_ACL_DEVICE_MEMORY_MB", "24576"))
+        self.memory_total: collections.defaultdict[int, int] = collections.defaultdict(lambda: default_mb << 20)
         self.handles = itertools.count(0x1000, 0x10)
         self.model_ids = itertools.count(1)
         # Above every address a 48-bit virtual address space gives a process: never a host address.
@@ -474,6 +505,25 @@ def fake_set_utilization(device_id: int, **rates: int) -> None:
         _state.utilization[device_id] = {**FAKE_UTILIZATION, **rates}
 
 
+def fake_set_device_memory(device_id: int, total: int) -> None:
+    """The bytes of memory device `device_id` has (see the module doc)."""
+    with _state.lock:
+        _state.memory_total[device_id] = total
+
+
+def fake_device_used(device_id: int) -> int:
+    """Bytes taken on a device: its live acl.rt.malloc allocations and its loaded models' work and weight memory."""
+    allocated = sum(len(r.memory) for r in _state.regions.values() if r.kind == "device" and r.device == device_id)
+    return allocated + sum(m.work_size + m.weight_size for m in _state.models.values() if m.device == device_id)
+
+
+def _take(device_id: int, size: int, ret: int) -> None:
+    """Fails with `ret` unless `size` more bytes fit on the device."""
+    free = _state.memory_total[device_id] - fake_device_used(device_id)
+    if size > free:
+        raise _Fail(ret, f"out of device memory: {size} bytes asked, {free} free on device {device_id}")
+
+
 def fake_mallocs() -> list[tuple[int, int, int]]:
     """Every acl.rt.malloc so far, freed or not: (address, size, policy)."""
     return list(_state.mallocs)
@@ -519,7 +569,7 @@ def fake_leaks() -> dict[str, object]:
 
 def fake_write_om(
     path, inputs, outputs=None, dynamic_batch=None, atc_names: bool = False, graph_names: list[int] | None = None,
-    relu: bool = False,
+    relu: bool = False, work_size: int = 0, weight_size: int = 0,
 ) -> Path:
     """Writes a fake .om descriptor; tensors are (name, acl_dtype, dims) or dicts.
 
@@ -531,6 +581,7 @@ def fake_write_om(
     `atc_names`, as ATC names those of a model converted from ONNX, `<operator>:<edge>:<output name>`;
     `graph_names`, as a model built with the Ascend Graph API, `output_<network output index>_<operator>_<edge>`:
     the network output index of each of `outputs`, which may list them in another order than the network.
+    `work_size`, `weight_size`: the device memory a load takes (acl.mdl.query_size reports them).
     """
     inputs = [_as_dict(t) for t in inputs]
     if outputs is None:
@@ -546,6 +597,8 @@ def fake_write_om(
         "outputs": outputs,
         "dynamic_batch": list(dynamic_batch or []),
         "relu": relu,
+        "work_size": work_size,
+        "weight_size": weight_size,
     }
     path = Path(path)
     path.write_text(json.dumps(descriptor, indent=2))
@@ -662,6 +715,8 @@ def _failure(wrapper: Wrapper, ret: int):
     if wrapper.result == "i" and wrapper.failed is None:
         return ret
     failed = wrapper.failed if wrapper.failed is not None else {} if wrapper.result[0] == "O" else 0
+    if len(wrapper.result) > 2:  # the zero-initialised outputs, then the aclError
+        return (*[failed] * (len(wrapper.result) - 1), ret)
     return (failed, ret) if len(wrapper.result) > 1 else failed
 
 
@@ -725,6 +780,8 @@ def _invoke(name: str, wrapper: Wrapper, function, args):
             call, _, model_id = stream.tasks.pop()
             stream.tasks.append((call, _failing(name, ret), model_id))
         stream.stuck = stream.stuck or hang
+    if len(wrapper.result) > 2:  # several values, then the aclError ("kki")
+        return (*value, ACL_SUCCESS)
     if len(wrapper.result) > 1:
         return value, ACL_SUCCESS
     return ACL_SUCCESS if value is None else value
@@ -935,6 +992,7 @@ def _set_device(device_id: int):
     if device_id < 0:  # an int already: PYACL's "i"
         raise _Fail(ACL_ERROR_RT_INVALID_DEVICEID, f"invalid device {device_id!r}")
     _state.devices[device_id] += 1
+    _state.thread.device = device_id  # aclrtSetDevice: the device the thread computes on from now on
 
 
 @_api("acl.rt.reset_device")
@@ -1052,8 +1110,10 @@ def _malloc(size: int, policy: int):
     _require_context()
     if size <= 0 or policy not in (0, 1, 2):
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"malloc({size}, {policy})")
+    device = _state.contexts[_require_context()]
+    _take(device, size, ACL_ERROR_RT_MEMORY_ALLOCATION)
     address = _state.device_address(size)
-    _state.regions[address] = _Region("device", memoryview(bytearray(size)))
+    _state.regions[address] = _Region("device", memoryview(bytearray(size)), device=device)
     _state.mallocs.append((address, size, policy))
     return address
 
@@ -1065,6 +1125,20 @@ def _free(address: int):
     if region is None or region.kind != "device":
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"{address!r} is not a device allocation")
     del _state.regions[address]
+
+
+@_api("acl.rt.get_mem_info")
+def _get_mem_info(attr: int):
+    """(free, total) of the thread's device: its current context's, else the one it set."""
+    _require_init()
+    context = getattr(_state.thread, "context", 0)
+    device = _state.contexts.get(context, getattr(_state.thread, "device", None))
+    if device is None or not _state.devices[device]:
+        raise _Fail(ACL_ERROR_RT_CONTEXT_NULL, "no device is set in this thread (aclrtSetDevice first)")
+    if attr not in (ACL_DDR_MEM, ACL_HBM_MEM):
+        return 0, 0  # an attribute the hardware does not have
+    total = _state.memory_total[device]
+    return total - fake_device_used(device), total
 
 
 @_api("acl.rt.malloc_host")
@@ -1174,6 +1248,7 @@ rt.synchronize_stream_with_timeout = _synchronize_stream_with_timeout
 rt.malloc = _malloc
 rt.free = _free
 rt.malloc_host = _malloc_host
+rt.get_mem_info = _get_mem_info
 rt.free_host = _free_host
 rt.memcpy = _memcpy
 rt.memcpy_async = _memcpy_async
@@ -1268,9 +1343,23 @@ def _load_from_file(path: str):
         model = _Model(descriptor, context)
     except (KeyError, TypeError, ValueError) as error:
         raise _Fail(ACL_ERROR_PARSE_MODEL, f"bad fake om descriptor: {error!r}") from None
+    _take(model.device, model.work_size + model.weight_size, ACL_ERROR_GE_MEMORY_ALLOCATION)
     model_id = next(_state.model_ids)
     _state.models[model_id] = model
     return model_id
+
+
+@_api("acl.mdl.query_size")
+def _query_size(path: str):
+    """The work and weight memory the model file needs; reads the file only (no device, no context)."""
+    _require_init()
+    try:
+        descriptor = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise _Fail(ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, str(error)) from None
+    except ValueError as error:
+        raise _Fail(ACL_ERROR_PARSE_MODEL, f"not a fake om descriptor: {error}") from None
+    return _sizes(descriptor)
 
 
 @_api("acl.mdl.unload")
@@ -1513,6 +1602,7 @@ def _execute_async(model_id: int, input_dataset: int, output_dataset: int, strea
 
 mdl.load_from_file = _load_from_file
 mdl.unload = _unload
+mdl.query_size = _query_size
 mdl.create_desc = _create_desc
 mdl.get_desc = _get_desc
 mdl.destroy_desc = _destroy_desc
