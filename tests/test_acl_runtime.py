@@ -100,11 +100,12 @@ def is_subsequence(wanted: list[str], actual: list[str]) -> bool:
 def test_load_follows_the_pyacl_lifecycle_order(fresh, dynamic_om):
     runtime = load(dynamic_om, acl=fresh)
     loaded = fresh.fake_call_names()
-    assert loaded[:7] == [
+    assert loaded[:8] == [
         "acl.init",
         "acl.rt.set_device",
         "acl.rt.create_context",
         "acl.rt.create_stream",
+        "acl.rt.get_mem_info",  # the device's free memory before the load (what it takes: before - after)
         "acl.mdl.load_from_file",
         "acl.mdl.create_desc",
         "acl.mdl.get_desc",
@@ -935,3 +936,12 @@ def test_fake_is_importable_as_acl_from_its_directory():
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip().endswith(os.path.join("fake_acl", "acl.py"))
+
+
+def test_a_load_measures_the_device_memory_it_took(fresh, tmp_path):
+    """Issue 30: the device's free memory before and after the load (acl.rt.get_mem_info): the model's work and
+    weight memory and the runtime's own input and output buffers."""
+    model = fresh.fake_write_om(tmp_path / "m.om", [("x", fresh.ACL_FLOAT, [2, 3])], work_size=1 << 20, weight_size=5 << 20)
+    runtime = load(model, acl=fresh)
+    buffers = 2 * 2 * 3 * 4  # one input and one output of FP32[2, 3] on the device
+    assert runtime.memory_bytes == (6 << 20) + buffers

@@ -195,6 +195,9 @@ class ServedVersion(ABC):
     source: bytes
     #: The model file's sha256 ("" where there is none).
     sha256: str = ""
+    #: Bytes the version holds on each device it has instances on, as measured at its load
+    #: (`models.memory`; none for an ensemble, whose steps hold theirs).
+    memory: Mapping[int, int] = {}
     #: Told why when the version can no longer serve (set by the Model that serves this version).
     on_unavailable: Callable[[str], None] | None = None
     #: The server's response cache, where the server has one and the config enables it (`response_cache`),

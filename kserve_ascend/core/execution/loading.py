@@ -21,6 +21,7 @@ from ..scheduling import sequences as seq
 from ..signature import Signature
 from . import warmup
 from .instance import Instance, complete_config
+from .memory_meter import measured
 from .runtimes import load_runtime
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ class LoadedInstances:
     prepare_request: PrepareRequest
     #: What warmup runs on every instance before the version serves (see `warmup`).
     samples: list[warmup.Sample]
+    #: Bytes each instance took as it loaded, and how that was measured (`models.memory.measured`).
+    memory: list[int]
+    memory_source: str
 
     def close(self) -> None:
         for instance in self.instances:
@@ -65,10 +69,12 @@ def load_instances(
     path = cfg.model_file(config, model_dir / str(version))
     stamp = file_stamp(path)  # first: a file that changes while it is read is read again at the next reload
     sha256 = checked_sha256(config, path, version)
-    runtimes = []
+    runtimes, memory, source = [], [], ""
     try:
         for device_id in device_ids:
-            runtimes.append(load_runtime(config, path, device_id))
+            runtime, size, source = measured(lambda device_id=device_id: load_runtime(config, path, device_id))
+            runtimes.append(runtime)
+            memory.append(size)
         complete_config(config, runtimes[0])
         cfg.apply_input_shape(config)
         seq.apply_defaults(config)
@@ -84,7 +90,9 @@ def load_instances(
         for runtime in runtimes:
             runtime.close()
         raise
-    return LoadedInstances(path, stamp, sha256, instances, signature, sequences, runtimes[0].prepare_request, samples)
+    return LoadedInstances(
+        path, stamp, sha256, instances, signature, sequences, runtimes[0].prepare_request, samples, memory, source
+    )
 
 
 def accept(

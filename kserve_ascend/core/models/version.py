@@ -30,7 +30,7 @@ from ..scheduling.queue import BatchQueue
 from ..scheduling.sequencer import SequenceScheduler
 from ..signature import Signature
 from ..stats import VersionStats
-from . import classification
+from . import classification, memory
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class ModelVersion(ServedVersion):
         self.name = config.name
         self.version = version
         self.config = config
+        self.memory = {}
         self.signature = Signature(config)
         self.labels = labels
         self.source = source
@@ -51,6 +52,12 @@ class ModelVersion(ServedVersion):
         self.execution_timeout_s = cfg.execution_timeout_s(config)
         self.threads = [InstanceThread(f"{self.name}-v{version}-dev{i.runtime.device_id}") for i in self.instances]
         self.stats = VersionStats()
+        configured = memory.configured_bytes(config)
+        self.instance_memory = loaded.memory if configured is None else [configured] * len(self.instances)
+        self.memory_source = loaded.memory_source if configured is None else memory.CONFIGURED
+        for instance, size in zip(self.instances, self.instance_memory):
+            device = instance.runtime.device_id
+            self.memory[device] = self.memory.get(device, 0) + size
         self.scheduler = self._scheduler(loaded)
 
     def _scheduler(self, loaded: LoadedInstances) -> RequestScheduler:
@@ -149,6 +156,8 @@ class ModelVersion(ServedVersion):
         info.update(self.instances[0].parameters)
         if self.warmup_ms is not None:
             info["warmup_ms"] = f"{self.warmup_ms:.0f}"
+        info["memory_bytes"] = str(sum(self.memory.values()))
+        info["memory_source"] = self.memory_source
         return info
 
     @property

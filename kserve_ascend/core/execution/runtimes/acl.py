@@ -33,7 +33,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...config import execution_timeout_s
 from ...datatypes import from_numpy, to_numpy
 from ...errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
-from .acl_process import ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_SUCCESS, PROCESS_ACL, check, import_acl, recent_error
+from .acl_process import (
+    ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_SUCCESS, PROCESS_ACL, check, import_acl, read_mem_info, recent_error,
+)
 from .base import Runtime, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -187,6 +189,8 @@ class AclRuntime(Runtime):
         self._batch_sizes: tuple[int, ...] = ()  # batches one execute takes (gears or static)
         self._fault: DeviceError | None = None  # what made the context unusable
         self._closed = False
+        #: Device bytes the load took: the device's free memory before and after it (None if pyACL cannot tell).
+        self.memory_bytes: int | None = None
         try:
             self._load()
         except BaseException:
@@ -204,6 +208,7 @@ class AclRuntime(Runtime):
         # Device -> Context -> Stream, the order CANN's resource guide prescribes.
         self._context = self._value("acl.rt.create_context", acl.rt.create_context(self.device_id))
         self._stream = self._value("acl.rt.create_stream", acl.rt.create_stream())
+        before = read_mem_info(acl)
         self._model_id = self._value(
             "acl.mdl.load_from_file", acl.mdl.load_from_file(str(self.path))
         )
@@ -216,6 +221,25 @@ class AclRuntime(Runtime):
         for tensor, name in zip(self._outputs, names):
             tensor.spec = replace(tensor.spec, name=name)
         self._allocate()
+        after = read_mem_info(acl)
+        if before is not None and after is not None:
+            self.memory_bytes = max(0, before[0] - after[0])
+
+    @staticmethod
+    def query_size(path: Path, device_id: int) -> int | None:
+        """What the model will take on the device before it is loaded: `acl.mdl.query_size(path)` returns
+        `(work_size, weight_size, ret)` (CANN's pyACL reference, acl.mdl.query_size), the memory its execution
+        and its weights need; its inputs and outputs come on top. None where it cannot tell."""
+        acl = import_acl()
+        PROCESS_ACL.join(acl, device_id)  # acl.init first
+        try:
+            query = getattr(acl.mdl, "query_size", None)
+            if query is None:
+                return None
+            work, weight, ret = query(str(path))
+            return work + weight if ret == ACL_SUCCESS else None
+        finally:
+            PROCESS_ACL.leave(acl)
 
     def _read_gears(self) -> None:
         batch = self._value(

@@ -2,6 +2,8 @@
 
 An NPU costs nearly the same per call whatever the batch, so this model makes the
 batcher's effect measurable and deterministic on a CPU. Output i is a copy of input i.
+`sim_memory_mb`: memory each instance really allocates (and touches, so it is resident) for as
+long as it is loaded, as a model's weights take a device's: what memory budgets are tested with.
 """
 
 from __future__ import annotations
@@ -34,8 +36,14 @@ class SimRuntime(Runtime):
         self.outputs = [TensorSpec(t.name, t.datatype, batch + t.dims) for t in signature.outputs.values()]
         self._source = {o.name: i.name for i, o in zip(self.inputs, self.outputs)}
         self._batching = signature.batching
+        from ...models.memory import sim_bytes
+
+        self._memory = np.ones(sim_bytes(config), np.uint8)  # every page written: resident, as weights on a device
 
     def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         rows = next(iter(inputs.values())).shape[0] if self._batching else 1
         time.sleep(self.fixed_s + self.per_item_s * rows)  # releases the GIL, as a device call does
         return {name: inputs[self._source[name]].copy() for name in output_names}
+
+    def close(self) -> None:
+        self._memory = None
