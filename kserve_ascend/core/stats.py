@@ -4,7 +4,8 @@ What each figure measures here (Triton's `extension_statistics.md` leaves the sp
 backend; every clock is `time.perf_counter_ns`):
 
 - `queue`: from the request entering the batch queue to its execution starting on the
-  instance's thread (so the hop to that thread counts as waiting).
+  instance's thread (so the hop to that thread counts as waiting), and the time it waited for
+  its model to load on demand (`--load_on_demand`).
 - `compute_input`: the request's preparation before it queues (decoding at the edge: JSON,
   binary, gRPC or shared memory to numpy; its checks against the model's signature; a
   pipeline's pre-processing) plus its execution's input phase: gathering the batch's rows
@@ -79,7 +80,9 @@ class RequestTiming:
     before a scheduler took it is never recorded, as in Triton.
     """
 
-    __slots__ = ("answer_start", "cache_hit_ns", "cache_miss_ns", "cached", "enqueued", "execution", "start", "stats")
+    __slots__ = (
+        "answer_start", "cache_hit_ns", "cache_miss_ns", "cached", "enqueued", "execution", "load_wait_ns", "start", "stats",
+    )
 
     def __init__(self, start: int | None = None) -> None:
         self.start = now_ns() if start is None else start
@@ -91,6 +94,8 @@ class RequestTiming:
         self.cached = False
         self.cache_hit_ns = 0
         self.cache_miss_ns: int | None = None
+        #: How long it waited for its model to load (on demand): queue time, not compute.
+        self.load_wait_ns = 0
 
     def queued(self, stats: VersionStats) -> None:
         """A scheduler took the request: from now on it is counted, in `stats`."""
@@ -202,8 +207,9 @@ class VersionStats:
         execution = timing.execution
         total = end - timing.start
         self.success.add(total)
-        self.queue.add(execution.start - timing.enqueued)
-        self.compute.add(timing.enqueued - timing.start + execution.input_ns, execution.infer_ns, execution.output_ns + answer_ns)
+        waited = timing.load_wait_ns
+        self.queue.add(execution.start - timing.enqueued + waited)
+        self.compute.add(timing.enqueued - timing.start - waited + execution.input_ns, execution.infer_ns, execution.output_ns + answer_ns)
         self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total)] += 1
         if timing.cache_miss_ns is not None:
             self.cache_miss.add(timing.cache_miss_ns)
@@ -213,7 +219,7 @@ class VersionStats:
         counts it (core `InferenceStatsAggregator::UpdateSuccessCacheHit`: no inference, no execution)."""
         total = end - timing.start
         self.success.add(total)
-        self.queue.add(timing.execution.start - timing.enqueued)
+        self.queue.add(timing.execution.start - timing.enqueued + timing.load_wait_ns)
         self.cache_hit.add(timing.cache_hit_ns)
         self.latency_counts[bisect.bisect_left(_LATENCY_BOUNDS_NS, total)] += 1
 

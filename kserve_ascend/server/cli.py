@@ -18,6 +18,9 @@ from types import ModuleType
 from .. import cann_config
 from ..core import tracing
 from ..core.cache import ResponseCache
+from ..core.execution import memory_meter
+from ..core.models.memory import RESERVE_MB, Ledger
+from ..core.models.repository import Repository
 from . import kserve_seam
 from .edges import rest
 from .edges.auth import Authenticator
@@ -75,7 +78,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="With explicit control, a model to load at start-up (repeatable; '*' for all).",
+        help="With explicit control or --load_on_demand, a model to load at start-up (repeatable; '*' for all).",
+    )
+    memory = parser.add_argument_group(
+        "memory",
+        "Each load is admitted against the memory budget of every device it loads on, before it touches one, or "
+        "refused naming both numbers (docs/operating.md, 'Many models on few NPUs').",
+    )
+    memory.add_argument(
+        "--memory_budget_mb",
+        type=positive_megabytes,
+        metavar="MB",
+        help="Memory the models may take on each NPU. Default: where pyACL is present, each device's free memory "
+        f"when it is first used less {RESERVE_MB} MB; unlimited on a host without it.",
+    )
+    memory.add_argument(
+        "--load_on_demand",
+        action="store_true",
+        help="Load a model when a request first asks for it (the request waits, within its timeout); a load that "
+        "does not fit unloads the models used least recently that no request is using. Only --load_model models "
+        "load at start, and they are never unloaded (nor models whose config says parameters pinned: \"true\").",
     )
     parser.add_argument(
         "--metrics_port", type=int, default=9090, help="Port of the Prometheus /metrics endpoint (0: only on the HTTP port)."
@@ -139,6 +161,20 @@ def positive_seconds(value: str) -> float:
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {value}")
     return seconds
+
+
+def positive_megabytes(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of MB, got {value}")
+    return number
+
+
+def repository(args: argparse.Namespace) -> Repository:
+    """The model repository the flags describe, with its memory budget and loading on demand."""
+    ledger = Ledger(args.memory_budget_mb, memory_meter.device_memory)
+    pinned = [name for name in args.load_model if name != "*"]
+    return Repository(Path(args.model_dir), response_cache(args), ledger, args.load_on_demand, pinned)
 
 
 def byte_count(value: str) -> int:

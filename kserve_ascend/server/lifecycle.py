@@ -45,6 +45,8 @@ class Lifecycle:
 
     `control_mode` is Triton's: none loads the repository once, poll follows its changes on
     disk, explicit loads `startup_models` ('*': all) and then what the repository extension asks.
+    With the repository's `load_on_demand`, only `startup_models` load at start (pinned), the
+    others when a request asks for them.
     """
 
     def __init__(
@@ -62,15 +64,15 @@ class Lifecycle:
     async def run(self) -> None:
         """The start-up load, then (poll mode) the repository followed until shutdown begins."""
         names = list(self.repository.models)
-        if self.control_mode == "explicit" and "*" not in self.startup_models:
-            names = self.startup_models
+        if (self.control_mode == "explicit" or self.repository.load_on_demand) and "*" not in self.startup_models:
+            names = self.startup_models  # on demand, the others load when a request asks for them
         # All LOADING at once: one waiting for its turn must not show in the index as unloaded meanwhile.
         for name in names:
             if name in self.repository.models:
                 self.repository.models[name].mark_loading()
         for name in names:
             try:
-                await self.repository.load(name)
+                await self.repository.load(name, reason="startup")
             except AscendError as error:  # the model's reason is in the index; the others load
                 log.error("model '%s' did not load: %s", name, error)
         self.dataplane.loaded = True

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from pathlib import Path
 
 from prometheus_client import REGISTRY
 
@@ -25,7 +24,7 @@ log = logging.getLogger(__name__)
 def main(argv: list[str] | None = None) -> None:
     args = cli.parse_args(argv)
     try:
-        repository = Repository(Path(args.model_dir), cli.response_cache(args))
+        repository = cli.repository(args)
     except FileNotFoundError as error:
         raise SystemExit(f"kserve-ascend: {error}") from None
     # KServe's HTTP port for these flags (with TLS its default moves to 8443); asking also sets up its logging.

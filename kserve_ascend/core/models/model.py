@@ -124,6 +124,15 @@ class Model:
             log.info("model '%s' is READY with versions %s (loaded %s)", self.name, sorted(served), sorted(loaded))
         return retired
 
+    def refuse(self, reason: str) -> None:
+        """A load refused before it began (it would not fit in the memory budget): recorded as a load that failed."""
+        self.requested = True
+        if self.versions and self.ready:
+            self.reason = f"a reload failed, versions {sorted(self.versions)} serve on: {reason}"
+        else:
+            self.state, self.reason = State.UNAVAILABLE, reason
+        log.error("model '%s' was not loaded: %s", self.name, reason)
+
     def _load_version(self, config: mc.ModelConfig, version: int) -> ServedVersion:
         if ensemble.is_ensemble(config):
             if self.models is None:

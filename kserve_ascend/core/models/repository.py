@@ -11,6 +11,13 @@ with it when one of them is unloaded, to come back when that one is loaded again
 model with its dependents (Triton's `unload_dependents`) also unloads the step models that were
 loaded only along with it and that no other loaded ensemble runs (Triton's cascading removal,
 core's model_repository_manager.cc `DependencyGraph::RemoveNodes`).
+
+Memory (`memory.Ledger`): a load is admitted before it touches a device, against each device's
+budget, or refused with both numbers. With `load_on_demand` every model is known from the start
+and loaded when a request first asks for it (`wait_until_loaded`: one load however many ask, a
+failed one tried again only after a back-off); a load that does not fit first unloads the models
+used least recently that nothing is using (no request in flight or waiting, no ensemble running
+them, not being loaded with it), never a pinned one (`pinned`, or config `pinned: "true"`).
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 import watchfiles
@@ -28,9 +36,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .. import config as cfg
 from ..cache import ResponseCache
 from ..contracts import ServedVersion
-from ..errors import AscendError, InvalidInput, ModelNotFound
+from ..errors import AscendError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
 from ..execution.loading import file_stamp
-from . import ensemble
+from ..execution.runtimes import parameter
+from . import ensemble, memory
 from .model import Model
 
 log = logging.getLogger(__name__)
@@ -38,10 +47,20 @@ log = logging.getLogger(__name__)
 #: A changed model directory is loaded once its files have kept their size and mtime this long,
 #: so a file still being copied is never loaded.
 SETTLE_S = 1.0
+#: A model that failed to load on demand is tried again after this long, doubled at each failure up to RETRY_MAX_S.
+RETRY_S = 1.0
+RETRY_MAX_S = 60.0
 
 
 class Repository:
-    def __init__(self, root: Path | str, cache: ResponseCache | None = None):
+    def __init__(
+        self,
+        root: Path | str,
+        cache: ResponseCache | None = None,
+        ledger: memory.Ledger | None = None,
+        load_on_demand: bool = False,
+        pinned: Iterable[str] = (),
+    ):
         # Absolute: the watcher reports absolute paths, which must be under the root as given (a relative
         # --model_dir in poll mode once crashed the server on the first change), and the cwd may change.
         self.root = Path(root).absolute()
@@ -60,6 +79,16 @@ class Repository:
         self._held: set[str] = set()
         #: step models loaded only because an ensemble needed them (not asked for by name)
         self._along: set[str] = set()
+        #: what the devices hold and may hold, the order models were used in, the loads and evictions
+        self.memory = ledger if ledger is not None else memory.Ledger()
+        self.load_on_demand = load_on_demand
+        #: models never unloaded to make room (`--load_model`; config `pinned: "true"` pins too)
+        self.pinned = set(pinned)
+        self._loading: set[str] = set()  # models whose load holds their lock
+        self._waiting: collections.Counter[str] = collections.Counter()  # requests waiting for a model to load
+        self._on_demand: dict[str, asyncio.Future] = {}  # the one load on demand under way per model
+        self._failed: dict[str, tuple[float, str, float]] = {}  # model -> (retry at, reason, back-off), on demand
+        self._change = asyncio.Event()  # set (and replaced) when a model was loaded or unloaded
 
     def _model(self, name: str, path: Path) -> Model:
         return Model(name, path, self.get, lambda: self.on_change(), self.cache)
@@ -108,23 +137,30 @@ class Repository:
             versions = dict(model.versions)
             if versions:
                 entries += [
-                    {"name": model.name, "version": str(v), "state": model.state.value, "reason": model.reason, "sha256": served.sha256}
+                    {"name": model.name, "version": str(v), "state": model.state.value, "reason": model.reason,
+                     "sha256": served.sha256, "memory_bytes": sum(served.memory.values())}
                     for v, served in versions.items()
                 ]
             else:
                 entries.append({"name": model.name, "state": model.state.value, "reason": model.reason})
         return entries
 
-    async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
-        """Loads (or reloads) a model; raises ModelLoadError, with what served before serving on."""
+    async def load(
+        self, name: str, override: mc.ModelConfig | None = None, reason: str = "explicit", wait: bool = False
+    ) -> None:
+        """Loads (or reloads) a model; raises ModelLoadError, with what served before serving on.
+
+        `reason` (startup, explicit, poll, on_demand) is what the metrics count it under; `wait`: a load
+        that must make room may wait for models in use to finish their requests (on demand) rather than
+        be refused."""
         if name not in self.models:
             self.check_name(name)
             if not (self.root / name).is_dir():  # before a lock is made for the name
                 raise ModelNotFound(f"Request for unknown model: '{name}' has no directory in the repository")
         self._along.discard(name)
-        await self._load(name, override, {name})
+        await self._load(name, override, {name}, reason, wait)
 
-    async def _load(self, name: str, override: mc.ModelConfig | None, visiting: set[str]) -> None:
+    async def _load(self, name: str, override: mc.ModelConfig | None, visiting: set[str], reason: str, wait: bool) -> None:
         """Loads `name` after the step models it needs, then reloads the ensembles that run it."""
         self._held.discard(name)
         steps = self._steps[name] = await asyncio.to_thread(_step_models, self.root / name, override)
@@ -134,23 +170,40 @@ class Repository:
                 visiting.add(step)
                 self._along.add(step)
                 try:
-                    await self._load(step, None, visiting)
+                    await self._load(step, None, visiting, reason, wait)
                 except AscendError as error:  # the ensemble's load says which step failed
                     log.error("model '%s', a step of ensemble '%s', did not load: %s", step, name, error)
         async with self._locks[name]:
             model = self.models.get(name)
             if model is None:
                 model = self.models[name] = self._model(name, self.root / name)
+            self._loading.add(name)
             try:
-                retired = await asyncio.to_thread(model.load, override)
+                need = await asyncio.to_thread(self._need, model, override)
+                try:
+                    await self._make_room(name, need, visiting, wait)
+                except ModelLoadError as error:
+                    model.refuse(str(error))
+                    self.on_change()
+                    raise
+                try:
+                    retired = await asyncio.to_thread(model.load, override)
+                finally:
+                    self.memory.unreserve(name)
+                    self.on_change()  # serving the new versions, or the reason it failed
+                for served in model.versions.values():
+                    if served not in self.memory.held:
+                        self.memory.hold(name, served)
+                self.memory.loads[(name, reason)] += 1
             finally:
-                self.on_change()  # serving the new versions, or the reason it failed
-            await _retire(retired)
+                self._loading.discard(name)
+                self._changed()
+            await self._retire(retired)
         for dependent in self._dependents(name):
             if dependent not in visiting and (self.models[dependent].requested or dependent in self._held):
                 visiting.add(dependent)
                 try:
-                    await self._load(dependent, None, visiting)
+                    await self._load(dependent, None, visiting, reason, wait)
                 except AscendError as error:
                     log.error("ensemble '%s' did not reload after its step '%s' did: %s", dependent, name, error)
 
@@ -166,7 +219,7 @@ class Repository:
         async with self._locks[name]:
             retired = self.get(name).unload()
             self.on_change()
-            await _retire(retired)
+            await self._retire(retired)
         await self._unload_dependents(name)
         if with_steps:
             for step in self._steps.get(name, []):
@@ -188,7 +241,7 @@ class Repository:
             if model is not None:
                 retired = model.unload()
                 self.on_change()
-                await _retire(retired)
+                await self._retire(retired)
         await self._unload_dependents(name)
 
     def _dependents(self, name: str) -> list[str]:
@@ -225,8 +278,12 @@ class Repository:
                 log.info("model '%s' left the repository", name)
                 await self.remove(name)
                 continue
+            if self.load_on_demand and not (name in self.models and self.models[name].requested):
+                self.models.setdefault(name, self._model(name, present[name]))  # known; loaded when asked for
+                self.on_change()
+                continue
             try:
-                await self.load(name)
+                await self.load(name, reason="poll")
             except Exception as error:  # recorded as the model's reason; the others go on
                 log.error("model '%s' did not reload: %s", name, error)
 
@@ -252,6 +309,169 @@ class Repository:
         return stamps
 
 
+    async def _retire(self, versions: list[ServedVersion]) -> None:
+        """Retires versions taken out of service (each once its requests are answered); their memory is free then."""
+        await asyncio.gather(*(version.retire() for version in versions))
+        for version in versions:
+            self.memory.release(version)
+        if versions:
+            self._changed()
+
+    # ------------------------------------------------------------ memory and loading on demand
+
+    def touch(self, name: str) -> None:
+        """A request for `name` (and so for the steps of an ensemble): the most recently used now."""
+        self.memory.touch(name)
+        for step in self._steps.get(name, ()):
+            self.memory.touch(step)
+
+    def _changed(self) -> None:
+        self._change.set()
+        self._change = asyncio.Event()
+
+    def _need(self, model: Model, override: mc.ModelConfig | None) -> dict[int, int]:
+        """Device -> bytes the versions this load adds will take, estimated before anything is loaded
+        (blocking: reads the config and, for an `.om`, asks pyACL). {} where the load itself will fail."""
+        try:
+            config = mc.ModelConfig()
+            config.CopyFrom(override if override is not None else cfg.read_config(model.model_dir))
+            config.name = config.name or model.name
+            if ensemble.is_ensemble(config):
+                return {}
+            source = config.SerializeToString(deterministic=True)
+            versions = cfg.select_versions(config, cfg.available_versions(model.model_dir))
+            devices = cfg.device_placement(config)
+            need: collections.Counter[int] = collections.Counter()
+            for version in versions:
+                current = model.versions.get(version)
+                if current is not None and current.healthy and current.unchanged(source, model.model_dir):
+                    continue  # serves on as it is
+                path = cfg.model_file(config, model.model_dir / str(version))
+                for device in devices:
+                    last = self.memory.last.get((model.name, version))
+                    need[device] += memory.estimate(config, path, last, lambda p, d=device: _query_om(p, d))
+        except Exception as error:  # the load reports what is wrong
+            log.debug("no memory estimate for model '%s': %s", model.name, error)
+            return {}
+        for device in need:
+            self.memory.budget(device)  # a device's first budget reads its free memory: here, off the loop
+        return dict(need)
+
+    async def _make_room(self, name: str, need: dict[int, int], protected: set[str], wait: bool) -> None:
+        """Admits `name`'s load (reserving `need`), on demand after unloading models used least recently;
+        OutOfBudget, before anything is loaded, if it cannot fit."""
+        while short := self.memory.shortfall(need):
+            refusal = self.memory.refusal(name, need)
+            if not self.load_on_demand:
+                raise memory.OutOfBudget(refusal)
+            victims = self.memory.victims(short, [m for m in list(self.models) if self._evictable(m, protected)])
+            if victims is None:
+                if not wait or self.memory.victims(short, [m for m in list(self.models) if self._unpinned(m, protected)]) is None:
+                    raise memory.OutOfBudget(f"{refusal}, and the models that could make room are pinned or in use")
+                await self._next_change()  # a model in use finishes its requests, or one is unloaded
+                continue
+            for victim in victims:
+                log.info("model '%s' is unloaded to make room for model '%s'", victim, name)
+                self.memory.evictions[victim] += 1
+                await self.unload(victim)
+        self.memory.reserve(name, need)
+
+    def _unpinned(self, name: str, protected: set[str]) -> bool:
+        model = self.models.get(name)
+        return (
+            model is not None and bool(model.versions) and name not in protected and name not in self.pinned
+            and parameter(model.config, "pinned", "false").lower() != "true"
+        )
+
+    def _evictable(self, name: str, protected: set[str]) -> bool:
+        """Whether unloading `name` now loses nothing: unpinned, no request in flight or waiting for it or for
+        an ensemble that runs it, and not being loaded."""
+        if not self._unpinned(name, protected) or self._in_use(name):
+            return False
+        return not any(self._in_use(e) for e in self._dependents(name))
+
+    def _in_use(self, name: str) -> bool:
+        model = self.models.get(name)
+        return (
+            name in self._loading or self._waiting[name] > 0
+            or (model is not None and any(v.scheduler.outstanding for v in list(model.versions.values())))
+        )
+
+    async def _next_change(self) -> None:
+        """Waits until a loaded model finishes the requests it holds, or a model is loaded or unloaded."""
+        versions = [v for m in list(self.models.values()) for v in list(m.versions.values()) if v.scheduler.outstanding]
+        waits = [asyncio.ensure_future(v.scheduler.drain()) for v in versions]
+        waits.append(asyncio.ensure_future(self._change.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+
+    async def wait_until_loaded(self, name: str, deadline: float | None) -> None:
+        """On demand: returns once `name` is ready, loading it if no load of it is under way (one for all who wait).
+
+        `deadline` (time.perf_counter) bounds the wait: Unavailable past it. A model whose load failed answers
+        ModelNotReady with the reason until its back-off has passed, then is tried again. The caller goes on to
+        its request without awaiting anything: nothing can unload the model in between."""
+        model = self.get(name)
+        self._waiting[name] += 1
+        try:
+            while not model.ready:
+                failed = self._failed.get(name)
+                now = time.perf_counter()
+                if failed is not None and failed[0] > now:
+                    raise ModelNotReady(
+                        f"model '{name}' failed to load: {failed[1]} (tried again in {failed[0] - now:.1f} s)"
+                    )
+                loading = self._on_demand.get(name)
+                if loading is None:
+                    loading = self._on_demand[name] = asyncio.ensure_future(self._load_on_demand(name))
+                timeout = None if deadline is None else deadline - now
+                if timeout is not None and timeout <= 0:
+                    raise Unavailable(f"Request timeout expired: it waited for model '{name}' to load past its timeout")
+                try:
+                    await asyncio.wait_for(asyncio.shield(loading), timeout)
+                except asyncio.TimeoutError:
+                    raise Unavailable(
+                        f"Request timeout expired: it waited for model '{name}' to load past its timeout"
+                    ) from None
+                except AscendError:
+                    continue  # its reason, from _failed
+                model = self.get(name)
+        finally:
+            self._waiting[name] -= 1
+
+    async def _load_on_demand(self, name: str) -> None:
+        try:
+            await self.load(name, reason="on_demand", wait=True)
+        except AscendError as error:
+            model = self.models.get(name)
+            if model is not None and not model.versions:
+                model.requested = False  # not meant to serve until asked again: the server stays ready
+            backoff = min(RETRY_MAX_S, self._failed[name][2] * 2) if name in self._failed else RETRY_S
+            self._failed[name] = (time.perf_counter() + backoff, str(error), backoff)
+            log.error("model '%s' failed to load on demand (tried again after %g s): %s", name, backoff, error)
+            raise
+        else:
+            self._failed.pop(name, None)
+        finally:
+            self._on_demand.pop(name, None)
+
+    def record_wait(self, name: str, seconds: float) -> None:
+        self.memory.waited(name, seconds)
+
+
+def _query_om(path: Path, device: int) -> int | None:
+    """`acl.mdl.query_size` of an `.om` where pyACL is importable, else None."""
+    from ..execution.runtimes.acl import AclRuntime
+
+    try:
+        return AclRuntime.query_size(path, device)
+    except AscendError:
+        return None
+
+
 def _step_models(model_dir: Path, override: mc.ModelConfig | None) -> list[str]:
     """The models an ensemble's steps run ([] for another model, or a config that does not parse)."""
     try:
@@ -259,6 +479,3 @@ def _step_models(model_dir: Path, override: mc.ModelConfig | None) -> list[str]:
     except AscendError:
         return []  # the model's own load reports it
 
-
-async def _retire(versions: list[ServedVersion]) -> None:
-    await asyncio.gather(*(version.retire() for version in versions))

@@ -20,7 +20,7 @@ from ...core.contracts import RequestOptions, ServedVersion
 from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
 from ...core.models import classification
 from ...core.models.repository import Repository
-from ...core.stats import RequestTiming
+from ...core.stats import RequestTiming, now_ns
 from . import EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
 from .shm import SharedMemoryRegistry
 
@@ -133,12 +133,20 @@ class LocalDataPlane:
         """Runs a decoded request; its answer, for the edge to encode inside `answering()`."""
         if self.stopping:  # no await from here to the scheduler: a request is refused here or drained
             raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
-        served = self.repository.get(request.model_name).version(request.model_version)
+        repository = self.repository
+        model = repository.get(request.model_name)
+        options = RequestOptions.parse(request.parameters)
+        waited_ns = 0
+        if not model.ready and repository.load_on_demand:
+            waited_ns = await self._wait_for_load(request, options)
+        repository.touch(model.name)
+        served = model.version(request.model_version)
         inputs = request.inputs
         if RAW_INPUT in inputs:
             inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
         timing = RequestTiming(request.received_ns)
-        outputs = await served.infer(inputs, request.outputs, RequestOptions.parse(request.parameters), timing)
+        timing.load_wait_ns = waited_ns
+        outputs = await served.infer(inputs, request.outputs, options, timing)
         timing.answering()  # compute_output: what is made of the outputs, then their encoding at the edge
         if request.classification:
             try:
@@ -147,6 +155,17 @@ class LocalDataPlane:
                 timing.answered(False)
                 raise
         return Answer(served, outputs, timing)
+
+    async def _wait_for_load(self, request: InferRequest, options: RequestOptions) -> int:
+        """`--load_on_demand`: waits while the model loads, within the request's `timeout`; the nanoseconds it waited."""
+        start = now_ns()
+        deadline = None if options.timeout_us is None else (request.received_ns + options.timeout_us * 1000) / 1e9
+        try:
+            await self.repository.wait_until_loaded(request.model_name, deadline)
+        finally:
+            waited = now_ns() - start
+            self.repository.record_wait(request.model_name, waited / 1e9)
+        return waited
 
     async def shm_status(self, name: str = "") -> list[dict[str, Any]]:
         return self.regions.status(name)
