@@ -229,6 +229,8 @@ def test_with_stubs_the_session_lands_on_cann(cann_python, stubs):
     assert applied["arena_extend_strategy"] == "kSameAsRequested" and applied["enable_cann_graph"] == "0"
     assert applied["precision_mode"] == "must_keep_origin_dtype"
     assert "stub-acl: aclInit" in stderr and "stub-acl: aclrtSetDevice" in stderr
+    # Issue 30: without pyACL the NPU's memory cannot be read, and the measurement says so.
+    assert cann["memory"][0] is None and "pyACL is not importable" in cann["memory"][1]
 
 
 def test_cpu_never_tries_cann(cann_python, stubs):
@@ -272,6 +274,8 @@ def test_an_om_and_a_cann_ep_model_share_acl_in_either_order(cann_python, stubs,
     assert result["om_output"] == result["om_output_after_cann_closed"] == [[2.5] * 3] * 4
     assert result["acl_init"] == [FakeAcl.ACL_ERROR_REPEAT_INITIALIZE]
     assert result["acl_finalize"] == [] and result["acl_up"] is True and "om_close" not in result
+    # Issue 30: with pyACL importable, the session's memory is the device's free memory before and after it.
+    assert isinstance(result["cann_memory"][0], int) and result["cann_memory"][1] is None
 
 
 def test_without_priming_an_om_loaded_first_breaks_the_cann_ep_and_acl(cann_python, stubs, tmp_path):

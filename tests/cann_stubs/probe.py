@@ -51,6 +51,7 @@ def load(model: str, cases: str, device_id: str, max_batch_size: str) -> list[di
             "provider_options": runtime.session.get_provider_options(),
             "batch_sizes": list(runtime.batch_sizes),
             "compiles_per_shape": runtime.compiles_per_shape,
+            "memory": [runtime.memory_bytes, getattr(runtime, "memory_source", None)],
         })
         runtime.close()
     return results
@@ -117,6 +118,7 @@ def mixed(order: str, om: str, model: str, priming: str) -> dict:
             else:
                 runtimes[name] = load_runtime(config, Path(model), 0)
                 result["cann"] = dict(runtimes[name].info)
+                result["cann_memory"] = [runtimes[name].memory_bytes, getattr(runtimes[name], "memory_source", None)]
         except ModelLoadError as error:
             result[name] = {"error": str(error)}
 

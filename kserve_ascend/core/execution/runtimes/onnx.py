@@ -21,7 +21,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ...errors import InvalidInput, ModelLoadError
-from .. import compile_cache, npu_access
+from .. import compile_cache, memory_meter, npu_access
 from .base import Runtime, TensorSpec, parameter
 from .tiny_onnx import relu_model
 
@@ -140,6 +140,9 @@ class OnnxRuntime(Runtime):
             mode = "cpu"
         self.degraded_reason: str | None = None
         self.session = None
+        #: Device bytes the session took on the NPU (the device's free memory before and after, through pyACL).
+        self.memory_bytes: int | None = None
+        before = memory_meter.device_memory(device_id) if mode != "cpu" else None
         if mode != "cpu":
             try:
                 self.session = self._open([(CANN, cann_options), CPU])
@@ -156,6 +159,12 @@ class OnnxRuntime(Runtime):
                 config.name, path.name, self.degraded_reason,
             )
         self.provider = self.session.get_providers()[0]
+        if self.provider == CANN:
+            after = memory_meter.device_memory(device_id)
+            if before is not None and after is not None:
+                self.memory_bytes = max(0, before[0] - after[0])
+            else:
+                self.memory_source = f"{memory_meter.RESIDENT} (pyACL is not importable: the NPU's memory is not seen)"
         self.inputs = [_spec(n) for n in self.session.get_inputs()]
         self.outputs = [_spec(n) for n in self.session.get_outputs()]
         self._batch_sizes = self._file_batch_sizes()
