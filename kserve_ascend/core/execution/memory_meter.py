@@ -5,6 +5,7 @@ See `models.memory` for how the measurements are used (the budget, the repositor
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
@@ -49,8 +50,9 @@ def measured(load: Callable[[], object]) -> tuple[object, int, str]:
     return runtime, max(0, after - before), getattr(runtime, "memory_source", RESIDENT)
 
 
+@functools.cache
 def pyacl():
-    """The `acl` module where pyACL is importable (an NPU host), else None."""
+    """The `acl` module where pyACL is importable (an NPU host), else None (looked for once)."""
     try:
         return importlib.import_module("acl")
     except (ImportError, OSError):

@@ -22,6 +22,13 @@ takes; the statistics extension's `batch_padding_rows`), and per instance, label
 out of rotation) and `ascend_runtime_degraded` (1 when its runtime serves below what the
 config asked, e.g. on the CPU instead of the CANN execution provider).
 
+Memory (issue 30, `core.models.memory`): per device `ascend_device_memory_used_bytes`,
+`ascend_device_memory_total_bytes` (pyACL's `acl.rt.get_mem_info` where pyACL is present, else the
+host's: MemTotal and MemTotal - MemAvailable) and `ascend_device_memory_budget_bytes` (absent where
+unlimited); per loaded version `ascend_model_memory_bytes`; per model `ascend_model_loads{reason}`
+(startup, explicit, on_demand, poll), `ascend_model_evictions` and the histogram
+`ascend_model_load_wait_seconds` of the time requests waited for its load on demand.
+
 The data plane renders a registry at `/metrics` of the HTTP port, and `--metrics_port` serves
 the same registry: in one process `prometheus_client.REGISTRY`, to which `register` adds the
 repository. With `--workers N` the engine process holds the repository, so it holds the
@@ -47,6 +54,8 @@ from prometheus_client.utils import floatToGoString
 
 from ...core.cache import ResponseCache
 from ...core.contracts import InstanceHealth, ServedVersion, VersionHealth
+from ...core.execution import memory_meter
+from ...core.models.memory import WAIT_BUCKETS_S, Ledger
 from ...core.models.repository import Repository
 from ...core.stats import FAILURE_REASONS, LATENCY_BUCKETS_S
 from .. import ports
@@ -173,6 +182,7 @@ class RepositoryCollector(Collector):
         utilization = _utilization(seen)
         if utilization.samples:  # absent, not zero, where no runtime can read its device
             yield utilization
+        yield from _memory(self.repository.memory, versions)
 
 
 def _labels(version: ServedVersion) -> list[str]:
@@ -221,6 +231,40 @@ def _utilization(seen: list[Seen]) -> GaugeMetricFamily:
             answered.add(instance.device_id)
             metric.add_metric([str(instance.device_id)], instance.utilization)
     return metric
+
+
+def _memory(ledger: Ledger, versions: list[ServedVersion]) -> Iterator[Metric]:
+    used = GaugeMetricFamily("ascend_device_memory_used_bytes", "Memory in use on the device (the host's without pyACL)", labels=("device",))
+    total = GaugeMetricFamily("ascend_device_memory_total_bytes", "Memory of the device (the host's without pyACL)", labels=("device",))
+    budget = GaugeMetricFamily("ascend_device_memory_budget_bytes", "Memory the models may take on the device", labels=("device",))
+    for device in ledger.devices():
+        reading = memory_meter.device_memory(device)
+        in_use, size = (reading[1] - reading[0], reading[1]) if reading is not None else memory_meter.host_memory()
+        used.add_metric([str(device)], in_use)
+        total.add_metric([str(device)], size)
+        if (limit := ledger.budget(device)) is not None:
+            budget.add_metric([str(device)], limit)
+    yield from (used, total, budget)
+    held = GaugeMetricFamily("ascend_model_memory_bytes", "Memory the loaded version holds, over its devices", labels=LABELS)
+    for version in versions:
+        if version.memory:
+            held.add_metric(_labels(version), sum(version.memory.values()))
+    yield held
+    loads = _COUNTER("ascend_model_loads", "Loads of the model by reason: startup, explicit, on_demand, poll", labels=("model", "reason"))
+    for (model, reason), count in list(ledger.loads.items()):
+        loads.add_metric([model, reason], count)
+    yield loads
+    evictions = _COUNTER("ascend_model_evictions", "Unloads of the model to make room for another (--load_on_demand)", labels=("model",))
+    for model, count in list(ledger.evictions.items()):
+        evictions.add_metric([model], count)
+    yield evictions
+    waits = HistogramMetricFamily(
+        "ascend_model_load_wait_seconds", "Time requests waited for the model to load on demand", labels=("model",)
+    )
+    bounds = [floatToGoString(b) for b in (*WAIT_BUCKETS_S, float("inf"))]
+    for model, (counts, seconds) in list(ledger.waits.items()):
+        waits.add_metric([model], list(zip(bounds, itertools.accumulate(list(counts)))), seconds)
+    yield waits
 
 
 def register(repository: Repository, port: int = 0) -> None:
