@@ -156,9 +156,12 @@ class Ledger:
     def unreserve(self, name: str) -> None:
         self.reserved.pop(name, None)
 
-    def hold(self, name: str, version) -> None:
-        """A version of model `name` serves now, holding `version.memory` until it is released."""
-        self.held[version] = (name, dict(version.memory))
+    def hold(self, name: str, version, estimate: Mapping[int, int]) -> None:
+        """A version of model `name` serves now: until it is released it holds, on each device, the larger of
+        what it measured (`version.memory`) and what it was admitted for (`estimate`), so a measurement
+        that missed some of it (memory freed elsewhere in the process meanwhile) lets no more in."""
+        devices = set(version.memory) | set(estimate)
+        self.held[version] = (name, {d: max(version.memory.get(d, 0), estimate.get(d, 0)) for d in devices})
         if version.memory:
             self.last[(name, version.version)] = max(getattr(version, "instance_memory", None) or [0])
 

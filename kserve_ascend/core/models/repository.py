@@ -179,9 +179,12 @@ class Repository:
                 model = self.models[name] = self._model(name, self.root / name)
             self._loading.add(name)
             try:
-                need = await asyncio.to_thread(self._need, model, override)
+                estimates = await asyncio.to_thread(self._estimates, model, override)
+                need: collections.Counter[int] = collections.Counter()
+                for estimate in estimates.values():
+                    need.update(estimate)
                 try:
-                    await self._make_room(name, need, visiting, wait)
+                    await self._make_room(name, dict(need), visiting, wait)
                 except ModelLoadError as error:
                     model.refuse(str(error))
                     self.on_change()
@@ -193,7 +196,7 @@ class Repository:
                     self.on_change()  # serving the new versions, or the reason it failed
                 for served in model.versions.values():
                     if served not in self.memory.held:
-                        self.memory.hold(name, served)
+                        self.memory.hold(name, served, estimates.get(served.version, {}))
                 self.memory.loads[(name, reason)] += 1
             finally:
                 self._loading.discard(name)
@@ -329,9 +332,9 @@ class Repository:
         self._change.set()
         self._change = asyncio.Event()
 
-    def _need(self, model: Model, override: mc.ModelConfig | None) -> dict[int, int]:
-        """Device -> bytes the versions this load adds will take, estimated before anything is loaded
-        (blocking: reads the config and, for an `.om`, asks pyACL). {} where the load itself will fail."""
+    def _estimates(self, model: Model, override: mc.ModelConfig | None) -> dict[int, dict[int, int]]:
+        """Version -> device -> bytes, what each version this load adds will take, estimated before anything is
+        loaded (blocking: reads the config and, for an `.om`, asks pyACL). {} where the load itself will fail."""
         try:
             config = mc.ModelConfig()
             config.CopyFrom(override if override is not None else cfg.read_config(model.model_dir))
@@ -341,21 +344,22 @@ class Repository:
             source = config.SerializeToString(deterministic=True)
             versions = cfg.select_versions(config, cfg.available_versions(model.model_dir))
             devices = cfg.device_placement(config)
-            need: collections.Counter[int] = collections.Counter()
+            estimates: dict[int, dict[int, int]] = {}
             for version in versions:
                 current = model.versions.get(version)
                 if current is not None and current.healthy and current.unchanged(source, model.model_dir):
                     continue  # serves on as it is
                 path = cfg.model_file(config, model.model_dir / str(version))
+                last = self.memory.last.get((model.name, version))
+                need = estimates[version] = collections.Counter()
                 for device in devices:
-                    last = self.memory.last.get((model.name, version))
                     need[device] += memory.estimate(config, path, last, lambda p, d=device: _query_om(p, d))
         except Exception as error:  # the load reports what is wrong
             log.debug("no memory estimate for model '%s': %s", model.name, error)
             return {}
-        for device in need:
+        for device in {d for need in estimates.values() for d in need}:
             self.memory.budget(device)  # a device's first budget reads its free memory: here, off the loop
-        return dict(need)
+        return {version: dict(need) for version, need in estimates.items()}
 
     async def _make_room(self, name: str, need: dict[int, int], protected: set[str], wait: bool) -> None:
         """Admits `name`'s load (reserving `need`), on demand after unloading models used least recently;

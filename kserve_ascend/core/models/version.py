@@ -21,7 +21,7 @@ from ..contracts import (
     VersionHealth,
 )
 from ..errors import ModelLoadError
-from ..execution import loading
+from ..execution import loading, memory_meter
 from ..execution.loading import LoadedInstances
 from ..execution.runtimes import parameter
 from ..execution.threads import InstanceThread
@@ -54,7 +54,7 @@ class ModelVersion(ServedVersion):
         self.stats = VersionStats()
         configured = memory.configured_bytes(config)
         self.instance_memory = loaded.memory if configured is None else [configured] * len(self.instances)
-        self.memory_source = loaded.memory_source if configured is None else memory.CONFIGURED
+        self.memory_source = loaded.memory_source if configured is None else memory_meter.CONFIGURED
         for instance, size in zip(self.instances, self.instance_memory):
             device = instance.runtime.device_id
             self.memory[device] = self.memory.get(device, 0) + size
