@@ -154,6 +154,28 @@ def copy_model(name: str, repository: Path, new_name: str | None = None) -> Path
 
 
 
+def sim_model(
+    repository: Path, name: str, max_batch_size: int, delay_us: int, fixed_ms: float, dims: int = 4,
+    parameters: dict[str, str] | None = None,
+) -> None:
+    """A `sim` model (output = input) that batches up to `max_batch_size` rows, waiting up to `delay_us` for them;
+    `parameters`: more config parameters (e.g. `sim_memory_mb`)."""
+    copy_model("sim", repository, name)
+    more = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in (parameters or {}).items())
+    (repository / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "ascend"\nmax_batch_size: {max_batch_size}\n'
+        f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
+        f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
+        f'parameters {{ key: "sim_fixed_ms" value: {{ string_value: "{fixed_ms}" }} }}\n'
+        'parameters { key: "sim_per_item_ms" value: { string_value: "0" } }\n' + more
+    )
+
+
+def sim_body(value: float) -> bytes:
+    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}).encode()
+
+
 def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True):
     """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository."""
     ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", wait="ready" if wait_ready else "loaded")

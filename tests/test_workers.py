@@ -30,7 +30,10 @@ import tritonclient.utils.shared_memory as shm
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import REPOSITORY, ROOT, alive, copy_model, descendants, free_port, pending, post_infer, scrape, start_server, stop_server, until, wait_for
+from conftest import (
+    REPOSITORY, ROOT, alive, copy_model, descendants, free_port, pending, post_infer, scrape, sim_body, sim_model, start_server,
+    stop_server, until, wait_for,
+)
 
 SIMPLE = {
     "inputs": [
@@ -39,23 +42,6 @@ SIMPLE = {
     ]
 }
 SUM = [i + 1 for i in range(16)]
-
-
-def sim_model(repository: Path, name: str, max_batch_size: int, delay_us: int, fixed_ms: float, dims: int = 4) -> None:
-    """A `sim` model (output = input) that batches up to `max_batch_size` rows, waiting up to `delay_us` for them."""
-    copy_model("sim", repository, name)
-    (repository / name / "config.pbtxt").write_text(
-        f'name: "{name}"\nbackend: "ascend"\nmax_batch_size: {max_batch_size}\n'
-        f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
-        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]\n'
-        f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}\n"
-        f'parameters {{ key: "sim_fixed_ms" value: {{ string_value: "{fixed_ms}" }} }}\n'
-        'parameters { key: "sim_per_item_ms" value: { string_value: "0" } }\n'
-    )
-
-
-def sim_body(value: float) -> bytes:
-    return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}).encode()
 
 
 # ---------------------------------------------------------------- which frontend serves a connection
