@@ -89,6 +89,9 @@ class Repository:
         self._on_demand: dict[str, asyncio.Future] = {}  # the one load on demand under way per model
         self._failed: dict[str, tuple[float, str, float]] = {}  # model -> (retry at, reason, back-off), on demand
         self._change = asyncio.Event()  # set (and replaced) when a model was loaded or unloaded
+        #: Loads are admitted and made one at a time (their device work is measured one at a time anyway), so each
+        #: admission sees what the loads before it took and the evictions sees every model they loaded in use.
+        self._admission = asyncio.Lock()
 
     def _model(self, name: str, path: Path) -> Model:
         return Model(name, path, self.get, lambda: self.on_change(), self.cache)
@@ -183,17 +186,18 @@ class Repository:
                 need: collections.Counter[int] = collections.Counter()
                 for estimate in estimates.values():
                     need.update(estimate)
-                try:
-                    await self._make_room(name, dict(need), visiting, wait)
-                except ModelLoadError as error:
-                    model.refuse(str(error))
-                    self.on_change()
-                    raise
-                try:
-                    retired = await asyncio.to_thread(model.load, override)
-                finally:
-                    self.memory.unreserve(name)
-                    self.on_change()  # serving the new versions, or the reason it failed
+                async with self._admission:  # one at a time: each decides on what the one before left
+                    try:
+                        await self._make_room(name, dict(need), visiting, wait)
+                    except ModelLoadError as error:
+                        model.refuse(str(error))
+                        self.on_change()
+                        raise
+                    try:
+                        retired = await asyncio.to_thread(model.load, override)
+                    finally:
+                        self.memory.unreserve(name)
+                        self.on_change()  # serving the new versions, or the reason it failed
                 for served in model.versions.values():
                     if served not in self.memory.held:
                         self.memory.hold(name, served, estimates.get(served.version, {}))

@@ -3,7 +3,8 @@
 An NPU costs nearly the same per call whatever the batch, so this model makes the
 batcher's effect measurable and deterministic on a CPU. Output i is a copy of input i.
 `sim_memory_mb`: memory each instance really allocates (and touches, so it is resident) for as
-long as it is loaded, as a model's weights take a device's: what memory budgets are tested with.
+long as it is loaded, as a model's weights take a device's, and reports as what its load took, as
+pyACL's runtime reports the device memory its load took: what memory budgets are tested with.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class SimRuntime(Runtime):
         from ...models.memory import sim_bytes
 
         self._memory = np.ones(sim_bytes(config), np.uint8)  # every page written: resident, as weights on a device
+        self.memory_bytes = self._memory.nbytes  # what the simulated device holds for it
+        self.memory_source = "sim_memory_mb"
 
     def run(self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         rows = next(iter(inputs.values())).shape[0] if self._batching else 1
