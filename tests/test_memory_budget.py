@@ -83,6 +83,21 @@ def test_the_least_recently_used_that_cover_the_shortfall_are_chosen():
     )
 
 
+def test_a_model_in_steady_use_outlasts_one_asked_for_once_since(tmp_path):
+    """LRU-2: ranked by their second-to-last use, a cold model's one use does not outrank a hot model's many."""
+
+    class Version:
+        version, memory = 1, {0: 100 * MB}
+
+    ledger = Ledger(1000)
+    for name in ("hot", "cold"):
+        ledger.hold(name, Version(), {})
+    ledger.touch("hot")
+    ledger.touch("hot")
+    ledger.touch("cold")  # after hot's last use
+    assert ledger.victims({0: 1}, ["hot", "cold"]) == ["cold"]
+
+
 def test_a_version_holds_the_larger_of_its_estimate_and_its_measurement():
     class Version:
         version, memory = 1, {0: 90 * MB}

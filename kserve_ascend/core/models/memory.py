@@ -20,12 +20,14 @@ budget: `--memory_budget_mb` per device, or by default, where pyACL is present, 
 memory when it is first used less `RESERVE_MB`; none (unlimited) on a host without pyACL.
 
 With `--load_on_demand` a load that does not fit first unloads the models used least recently
-that nothing uses now (`Ledger.victims`; the repository decides what is evictable).
+that nothing uses now (`Ledger.victims`, by their second-to-last use: LRU-2; the repository
+decides what is evictable).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -99,7 +101,9 @@ class Ledger:
         self.reserved: dict[str, dict[int, int]] = {}
         #: (model, version) -> bytes one instance took at its last load
         self.last: dict[tuple[str, int], int] = {}
-        self.recent: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: model -> the ticks of its last two uses (0: none)
+        self.recent: dict[str, tuple[int, int]] = {}
+        self._ticks = itertools.count(1)
         self.loads: collections.Counter[tuple[str, str]] = collections.Counter()
         self.evictions: collections.Counter[str] = collections.Counter()
         #: model -> [count per WAIT_BUCKETS_S bound and +Inf, sum of seconds]
@@ -180,9 +184,8 @@ class Ledger:
 
     def touch(self, name: str) -> None:
         """`name` was just used (the one cost on the hot path)."""
-        recent = self.recent
-        recent[name] = None
-        recent.move_to_end(name)
+        last = self.recent.get(name)
+        self.recent[name] = (next(self._ticks), last[0] if last is not None else 0)
 
     def victims(self, short: Mapping[int, int], evictable: Iterable[str]) -> list[str] | None:
         """The models used least recently, among `evictable`, whose unloading covers `short`; None if they cannot."""
@@ -201,12 +204,12 @@ class Ledger:
                 return chosen
         return None
 
-    def _age(self, name: str) -> int:
-        """Smaller for a model used less recently (never used: the oldest)."""
-        for index, used in enumerate(self.recent):
-            if used == name:
-                return index + 1
-        return 0
+    def _age(self, name: str) -> tuple[int, int]:
+        """Smaller for a model used less recently, by its second-to-last use, then its last (LRU-2, O'Neil et al.,
+        "The LRU-K page replacement algorithm", SIGMOD 1993): a model asked for once, as a cold one is, goes before
+        one in steady use that happens not to have been asked for in the last few milliseconds."""
+        last, previous = self.recent.get(name, (0, 0))
+        return previous, last
 
     def waited(self, name: str, seconds: float) -> None:
         """A request waited `seconds` for `name` to load."""
