@@ -90,7 +90,8 @@ def drive(
     tensor: tuple[str, str] = ("INPUT0", "OUTPUT0"),
 ) -> Fleet:
     """`concurrency` closed-loop clients for `seconds` over `models` (the first `hot` of them hot), each request
-    checked (output = input); the loaded models sampled from the index and /metrics meanwhile."""
+    checked (output = input); the loaded models sampled from the index and /metrics meanwhile. It runs on past
+    `seconds` until one whole cycle of the popularity was sent (every model asked for), 3 x `seconds` at most."""
     fleet = Fleet()
     cycle = schedule(models, hot)
     order = itertools.count()
@@ -100,8 +101,11 @@ def drive(
 
     def client() -> None:
         with requests.Session() as session:
-            while time.monotonic() < deadline:
+            while True:
                 i = next(order)
+                now = time.monotonic()
+                if now > deadline + 2 * seconds or (now > deadline and i >= len(cycle)):
+                    return
                 model, value = cycle[i % len(cycle)], float(i % 4096)
                 body = {"inputs": [{"name": source, "datatype": "FP32", "shape": [1, 4], "data": [value] * 4}]}
                 start = time.perf_counter()
