@@ -17,7 +17,9 @@ Per point: requests/s, latency, and the server's CPU milliseconds per request: t
 its process tree over the requests it answered in the same span (warm-up included; counted by
 the client, or by the server's statistics for perf_analyzer). A py-spy profile of kserve-ascend
 (profiles.py) is taken at the PROFILED points, and the detection chain measured (detect.py).
-report.py writes results.md, results.json, qps_p99.png and side_by_side.png.
+report.py writes results.md, results.json, qps_p99.png and side_by_side.png. Then the fleet on demand
+(fleet.py: 30 models of 100 MB in a 1000 MB budget, its cold-start wait, warm latency and hit rate,
+fleet.md) and, with yolov8n, the detection chain (detect.py, detect.md).
 `--quick` (1 s per point, one concurrency per model) writes to bench/results/quick/.
 """
 
@@ -251,6 +253,8 @@ def main() -> None:
     }
     report.write(run, args.out)
     print(f"bench done in {run['seconds']:.0f} s: {args.out / 'results.md'}, results.json, qps_p99.png, side_by_side.png", flush=True)
+    fleet = ["--quick"] if args.quick else []  # many models on few NPUs: on demand under a memory budget
+    subprocess.run([sys.executable, str(BENCH / "fleet.py"), "--out", str(args.out), *fleet], check=True)
     if "yolov8n" in args.models:  # the detection chain
         detect = ["--quick"] if args.quick else []
         subprocess.run([sys.executable, str(BENCH / "detect.py"), "--out", str(args.out), *detect], check=True)
