@@ -859,3 +859,43 @@ def test_the_seldon_server_leaves_dev_shm_to_its_server_config(kubectl):
     assert "volumes" not in server["podSpec"]
     for container in server["podSpec"]["containers"]:
         assert "/dev/shm" not in {mount["mountPath"] for mount in container.get("volumeMounts", [])}
+
+
+# --- Many models on one NPU (issue 30) -------------------------------------------------------------
+
+MANY_MODELS = MANIFESTS / "examples" / "many-models"
+
+
+def test_the_many_models_runtime_loads_on_demand_within_its_budget(kubectl, tmp_path):
+    """The runtime's own args (model_dir and ports substituted) on models the budget holds two of: none is loaded
+    at start, each loads when asked for, and the third unloads the one used least recently."""
+    from kserve_ascend.server.cli import build_parser
+
+    (runtime,) = [obj for obj in kustomize(kubectl, MANY_MODELS) if obj["kind"] == "ClusterServingRuntime"]
+    assert runtime["metadata"]["name"] == "kserve-ascend-many-models"
+    (container,) = runtime["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.load_on_demand and args.memory_budget_mb == 49152
+    repository = tmp_path / "mnt_models"
+    for name in ("a", "b", "c"):
+        copy_model("sim", repository, name)
+        config = repository / name / "config.pbtxt"  # 20 GB each, as the ledger counts them (nothing allocated)
+        config.write_text(config.read_text() + 'parameters { key: "memory_mb" value: { string_value: "20480" } }\n')
+    placed = ("--model_dir", "--http_port", "--grpc_port", "--metrics_port")  # start_server gives its own
+    assert set(placed) <= set(flag_values(container["args"]))
+    given = [arg for arg in container["args"] if arg.partition("=")[0] not in placed]
+    server = start_server(repository, tmp_path / "server.log", *given)
+    try:
+        index = requests.post(f"{server.url}/v2/repository/index", timeout=5).json()
+        assert {e["name"]: e["state"] for e in index} == {"a": "UNAVAILABLE", "b": "UNAVAILABLE", "c": "UNAVAILABLE"}
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+        for name in ("a", "b", "c"):
+            answer = requests.post(f"{server.url}/v2/models/{name}/infer", json=body, timeout=30)
+            assert answer.status_code == 200 and answer.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+        index = requests.post(f"{server.url}/v2/repository/index", timeout=5).json()
+        assert {e["name"] for e in index if e["state"] == "READY"} == {"b", "c"}
+        metrics = requests.get(f"{server.url}/metrics", timeout=5).text
+        assert 'ascend_device_memory_budget_bytes{device="0"} 5.1539607552e+10' in metrics
+        assert 'ascend_model_evictions{model="a"} 1.0' in metrics
+    finally:
+        stop_server(server)
