@@ -18,7 +18,7 @@ from types import ModuleType
 from .. import cann_config
 from ..core import tracing
 from ..core.cache import ResponseCache
-from ..core.execution import memory_meter
+from ..core.execution.runtimes.acl_process import device_memory
 from ..core.models.memory import RESERVE_MB, Ledger
 from ..core.models.repository import Repository
 from . import kserve_seam
@@ -172,7 +172,7 @@ def positive_megabytes(value: str) -> float:
 
 def repository(args: argparse.Namespace) -> Repository:
     """The model repository the flags describe, with its memory budget and loading on demand."""
-    ledger = Ledger(args.memory_budget_mb, memory_meter.device_memory)
+    ledger = Ledger(args.memory_budget_mb, device_memory)
     pinned = [name for name in args.load_model if name != "*"]
     return Repository(Path(args.model_dir), response_cache(args), ledger, args.load_on_demand, pinned)
 

@@ -50,6 +50,11 @@ def measured(load: Callable[[], object]) -> tuple[object, int, str]:
     return runtime, max(0, after - before), getattr(runtime, "memory_source", RESIDENT)
 
 
+#: aclrtMemAttr's ACL_HBM_MEM (hicann/runtime include/external/acl/acl_rt.h): on a chip without HBM (the
+#: 310P's DDR) aclrtGetMemInfo reads its DDR instead (docs/zh/api_ref/11-01_device_memory_malloc_and_free.md).
+ACL_HBM_MEM = 1
+
+
 @functools.cache
 def pyacl():
     """The `acl` module where pyACL is importable (an NPU host), else None (looked for once)."""
@@ -59,23 +64,22 @@ def pyacl():
         return None
 
 
-def device_memory(device_id: int) -> tuple[int, int] | None:
-    """The NPU's (free, total) bytes through pyACL; None on a host without pyACL or if the device cannot tell."""
-    acl = pyacl()
-    if acl is None:
+def read_mem_info(acl) -> tuple[int, int] | None:
+    """(free, total) bytes of the device the calling thread has set, from `acl.rt.get_mem_info(attr)`,
+    which returns `(free, total, ret)` (pyACL rt/rt_memory.cpp WrapAclRtGetMemInfo, Py_BuildValue "kki")
+    and needs a device set first (aclrtGetMemInfo's constraints); None if pyACL lacks it or it fails."""
+    query = getattr(acl.rt, "get_mem_info", None)
+    if query is None:
         return None
-    from .runtimes.acl_process import PROCESS_ACL, read_mem_info
+    free, total, ret = query(ACL_HBM_MEM)
+    return (free, total) if ret == 0 and total else None
 
-    try:
-        PROCESS_ACL.join(acl, device_id)
-    except Exception:  # no usable ACL here: the host's figures serve
+
+def device_reading(acl, device_id: int) -> tuple[int, int] | None:
+    """(free, total) bytes of an NPU, in a process whose ACL is initialised (None if it is not, or cannot tell)."""
+    if acl.rt.set_device(device_id) != 0:
         return None
     try:
-        if acl.rt.set_device(device_id) != 0:
-            return None
-        try:
-            return read_mem_info(acl)
-        finally:
-            acl.rt.reset_device(device_id)
+        return read_mem_info(acl)
     finally:
-        PROCESS_ACL.leave(acl)
+        acl.rt.reset_device(device_id)

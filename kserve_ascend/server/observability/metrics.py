@@ -55,6 +55,7 @@ from prometheus_client.utils import floatToGoString
 from ...core.cache import ResponseCache
 from ...core.contracts import InstanceHealth, ServedVersion, VersionHealth
 from ...core.execution import memory_meter
+from ...core.execution.runtimes.acl_process import device_memory
 from ...core.models.memory import WAIT_BUCKETS_S, Ledger
 from ...core.models.repository import Repository
 from ...core.stats import FAILURE_REASONS, LATENCY_BUCKETS_S
@@ -238,7 +239,7 @@ def _memory(ledger: Ledger, versions: list[ServedVersion]) -> Iterator[Metric]:
     total = GaugeMetricFamily("ascend_device_memory_total_bytes", "Memory of the device (the host's without pyACL)", labels=("device",))
     budget = GaugeMetricFamily("ascend_device_memory_budget_bytes", "Memory the models may take on the device", labels=("device",))
     for device in ledger.devices():
-        reading = memory_meter.device_memory(device)
+        reading = device_memory(device)
         in_use, size = (reading[1] - reading[0], reading[1]) if reading is not None else memory_meter.host_memory()
         used.add_metric([str(device)], in_use)
         total.add_metric([str(device)], size)

@@ -33,9 +33,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...config import execution_timeout_s
 from ...datatypes import from_numpy, to_numpy
 from ...errors import DeviceError, InvalidInput, ModelLoadError, ModelNotReady
-from .acl_process import (
-    ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_SUCCESS, PROCESS_ACL, check, import_acl, read_mem_info, recent_error,
-)
+from ..memory_meter import read_mem_info
+from .acl_process import ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, ACL_SUCCESS, PROCESS_ACL, check, import_acl, recent_error
 from .base import Runtime, TensorSpec
 
 log = logging.getLogger(__name__)

@@ -13,16 +13,13 @@ from collections import Counter
 from typing import Any
 
 from ...errors import DeviceError, ModelLoadError
-from .. import npu_access
+from .. import memory_meter, npu_access
 
 log = logging.getLogger(__name__)
 
 ACL_SUCCESS = 0
 ACL_ERROR_REPEAT_INITIALIZE = 100002
 ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
-#: aclrtMemAttr's ACL_HBM_MEM (hicann/runtime include/external/acl/acl_rt.h): on a chip without HBM (the
-#: 310P's DDR) aclrtGetMemInfo reads its DDR instead (docs/zh/api_ref/11-01_device_memory_malloc_and_free.md).
-ACL_HBM_MEM = 1
 
 #: Return codes after which the context that saw them is not trusted again: the device stopped,
 #: faulted or lost a task (rt_error_codes.h, hicann/runtime
@@ -137,15 +134,20 @@ def recent_error(acl: Any) -> str:
         return ""
 
 
-def read_mem_info(acl: Any) -> tuple[int, int] | None:
-    """(free, total) bytes of the device the calling thread has set, from `acl.rt.get_mem_info(attr)`,
-    which returns `(free, total, ret)` (pyACL rt/rt_memory.cpp WrapAclRtGetMemInfo, Py_BuildValue "kki")
-    and needs a device set first (aclrtGetMemInfo's constraints); None if pyACL lacks it or it fails."""
-    query = getattr(acl.rt, "get_mem_info", None)
-    if query is None:
+def device_memory(device_id: int) -> tuple[int, int] | None:
+    """The NPU's (free, total) bytes through pyACL (ACL initialised first, as every user of it here does); None on
+    a host without pyACL or if the device cannot tell: the metrics then show the host's, the budget is unlimited."""
+    acl = memory_meter.pyacl()
+    if acl is None:
         return None
-    free, total, ret = query(ACL_HBM_MEM)
-    return (free, total) if ret == ACL_SUCCESS and total else None
+    try:
+        PROCESS_ACL.join(acl, device_id)
+    except Exception:  # no usable ACL here
+        return None
+    try:
+        return memory_meter.device_reading(acl, device_id)
+    finally:
+        PROCESS_ACL.leave(acl)
 
 
 def check(acl: Any, call: str, ret: int) -> None:

@@ -142,7 +142,7 @@ class OnnxRuntime(Runtime):
         self.session = None
         #: Device bytes the session took on the NPU (the device's free memory before and after, through pyACL).
         self.memory_bytes: int | None = None
-        before = memory_meter.device_memory(device_id) if mode != "cpu" else None
+        before = _npu_memory(device_id) if mode != "cpu" else None
         if mode != "cpu":
             try:
                 self.session = self._open([(CANN, cann_options), CPU])
@@ -160,7 +160,7 @@ class OnnxRuntime(Runtime):
             )
         self.provider = self.session.get_providers()[0]
         if self.provider == CANN:
-            after = memory_meter.device_memory(device_id)
+            after = _npu_memory(device_id)
             if before is not None and after is not None:
                 self.memory_bytes = max(0, before[0] - after[0])
             else:
@@ -321,6 +321,24 @@ def initialise_acl(device_id: int) -> None:
         _Session(relu_model(), providers=[(CANN, {DEVICE_OPTION: str(device_id)})])
     except Exception as error:  # ORT raises its own exception types
         log.info("%s did not initialise ACL: %s%s", CANN, error, _library_error())
+
+
+def _npu_memory(device_id: int) -> tuple[int, int] | None:
+    """The NPU's (free, total) bytes through pyACL, where it is importable and this onnxruntime has the CANN
+    provider, which initialises ACL first (`initialise_acl`, once); None otherwise."""
+    acl = memory_meter.pyacl()
+    if acl is None or CANN not in ort.get_available_providers():
+        return None
+    if device_id not in _PRIMED:
+        _PRIMED.add(device_id)
+        initialise_acl(device_id)
+    try:
+        return memory_meter.device_reading(acl, device_id)
+    except Exception:  # ACL not usable here: the measurement falls back to resident memory
+        return None
+
+
+_PRIMED: set[int] = set()
 
 
 def _library_error() -> str:
