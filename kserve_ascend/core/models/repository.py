@@ -180,31 +180,8 @@ class Repository:
             model = self.models.get(name)
             if model is None:
                 model = self.models[name] = self._model(name, self.root / name)
-            self._loading.add(name)
-            try:
-                estimates = await asyncio.to_thread(self._estimates, model, override)
-                need: collections.Counter[int] = collections.Counter()
-                for estimate in estimates.values():
-                    need.update(estimate)
-                async with self._admission:  # one at a time: each decides on what the one before left
-                    try:
-                        await self._make_room(name, dict(need), visiting, wait)
-                    except ModelLoadError as error:
-                        model.refuse(str(error))
-                        self.on_change()
-                        raise
-                    try:
-                        retired = await asyncio.to_thread(model.load, override)
-                    finally:
-                        self.memory.unreserve(name)
-                        self.on_change()  # serving the new versions, or the reason it failed
-                for served in model.versions.values():
-                    if served not in self.memory.held:
-                        self.memory.hold(name, served, estimates.get(served.version, {}))
-                self.memory.loads[(name, reason)] += 1
-            finally:
-                self._loading.discard(name)
-                self._changed()
+            retired = await self._load_admitted(model, override, visiting, wait)
+            self.memory.loads[(name, reason)] += 1
             await self._retire(retired)
         for dependent in self._dependents(name):
             if dependent not in visiting and (self.models[dependent].requested or dependent in self._held):
@@ -213,6 +190,38 @@ class Repository:
                     await self._load(dependent, None, visiting, reason, wait)
                 except AscendError as error:
                     log.error("ensemble '%s' did not reload after its step '%s' did: %s", dependent, name, error)
+
+    async def _load_admitted(
+        self, model: Model, override: mc.ModelConfig | None, protected: set[str], wait: bool
+    ) -> list[ServedVersion]:
+        """Loads `model` once the memory its new versions will take is admitted (`_make_room`); the versions
+        it took out of service. Called under the model's lock."""
+        name = model.name
+        self._loading.add(name)
+        try:
+            estimates = await asyncio.to_thread(self._estimates, model, override)
+            need: collections.Counter[int] = collections.Counter()
+            for estimate in estimates.values():
+                need.update(estimate)
+            async with self._admission:  # one at a time: each decides on what the one before left
+                try:
+                    await self._make_room(name, dict(need), protected, wait)
+                except ModelLoadError as error:
+                    model.refuse(str(error))
+                    self.on_change()
+                    raise
+                try:
+                    retired = await asyncio.to_thread(model.load, override)
+                finally:
+                    self.memory.unreserve(name)
+                    self.on_change()  # serving the new versions, or the reason it failed
+            for served in model.versions.values():
+                if served not in self.memory.held:
+                    self.memory.hold(name, served, estimates.get(served.version, {}))
+            return retired
+        finally:
+            self._loading.discard(name)
+            self._changed()
 
     async def unload(self, name: str, with_steps: bool = False) -> None:
         """Stops serving a model once the requests it holds are answered (and the ensembles that run it).

@@ -137,7 +137,7 @@ class LocalDataPlane:
         model = repository.get(request.model_name)
         options = RequestOptions.parse(request.parameters)
         waited_ns = 0
-        if not model.ready and repository.load_on_demand:
+        if repository.load_on_demand and not model.ready:
             waited_ns = await self._wait_for_load(request, options)
         repository.touch(model.name)
         served = model.version(request.model_version)
