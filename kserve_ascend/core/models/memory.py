@@ -7,10 +7,13 @@ kept by the version (`ServedVersion.memory`: device -> bytes):
   in the loading context (the runtime reads it itself: `Runtime.memory_bytes`);
 - ONNX Runtime's CANN execution provider: the same, through pyACL when it is importable; without
   pyACL the process's resident memory, which does not see the device's (said in the metadata);
-- the CPU runtimes (ONNX on the CPU, `sim`, the processing steps): the process's resident memory
+- `sim`: what its `sim_memory_mb` allocates, as a simulated device's memory;
+- the CPU runtimes (ONNX on the CPU, the processing steps): the process's resident memory
   before and after.
 
-Loads run one at a time in the process while they are measured, so each delta is one model's own. A config's `parameters { key: "memory_mb" }` replaces the measurement (per instance).
+Loads run one at a time in the process, so each delta is one model's own. A config's
+`parameters { key: "memory_mb" }` replaces the measurement (per instance). A loaded version holds
+the larger of its estimate and its measurement (`Ledger.hold`).
 
 A load is admitted before it touches a device (`Ledger.shortfall`): what it will take is
 estimated per instance from, in order, `memory_mb`, the `sim` runtime's `sim_memory_mb`,
