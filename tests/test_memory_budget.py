@@ -363,3 +363,27 @@ def test_poll_mode_on_demand_knows_new_models_and_loads_them_when_asked(tmp_path
     assert run(main())[0, 0] == 8.0
     assert repository.memory.loads == {("new", "on_demand"): 1}
     repository.models["new"].close()
+
+
+def test_an_ensemble_request_whose_step_is_unloaded_under_it_fails_and_the_unload_ends(tmp_path):
+    """Found here: the step's version, resolved as the request began, was retired before the request reached it;
+    its batcher took the request after closing and never answered, and the unload waited for it for ever."""
+    root = sims(tmp_path / "repo", ["second"], memory_mb=1)
+    sim_model(root, "first", 8, 0, 400, parameters={"sim_memory_mb": "1"})
+    (root / "pair" / "1").mkdir(parents=True)
+    (root / "pair" / "config.pbtxt").write_text(ENSEMBLE)
+    repository = Repository(root)
+    dataplane = LocalDataPlane(repository, True, CollectorRegistry())
+
+    async def main():
+        await repository.load("pair")
+        running = asyncio.ensure_future(answer(dataplane, "pair"))
+        while not in_flight(repository, "first"):
+            await asyncio.sleep(0.01)
+        await repository.unload("second")  # and with it the ensemble, once its request is answered
+        with pytest.raises(ModelNotReady, match=r"in ensemble 'pair', step 2 \(model 'second'\): .* was unloaded"):
+            await running
+
+    run(main(), timeout_s=10)
+    for model in repository.models.values():
+        model.close()

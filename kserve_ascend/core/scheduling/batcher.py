@@ -116,7 +116,7 @@ class DynamicBatcher(RequestScheduler):
         self._idle = collections.deque(range(len(self._instances)))  # instances whose thread has no batch to run
         self._forming = False  # whether an instance forms a batch (one at a time)
         self._running: list[_Running | None] = [None] * len(self._instances)
-        self._closed = False
+        self._closed: Exception | None = None  # why it takes no more requests, once closed
         # What the instance threads finished, for the event loop to resolve in one callback.
         self._finished: collections.deque = collections.deque()
         self._resolving = False  # whether that callback is scheduled
@@ -138,6 +138,8 @@ class DynamicBatcher(RequestScheduler):
         return self.outstanding - self.executing
 
     async def submit(self, request: Request) -> dict[str, np.ndarray]:
+        if self._closed is not None:  # a version retired under a caller that had resolved it (an ensemble's step)
+            raise type(self._closed)(str(self._closed))
         if not self.in_rotation:
             raise self._none_left()
         loop = self._loop
@@ -412,7 +414,7 @@ class DynamicBatcher(RequestScheduler):
         Batches already running finish on their instance threads and resolve as usual.
         """
         with self._lock:
-            self._closed = True
+            self._closed = reason
             waiting = self.queue.drain()
             self._lock.notify_all()
         if self._watchdog is not None:
