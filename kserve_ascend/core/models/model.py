@@ -13,6 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .. import config as cfg
 from ..contracts import ServedVersion
 from ..errors import ModelLoadError, ModelNotFound, ModelNotReady
+from ..scheduling.rate_limiter import RateLimiter
 from . import ensemble
 from .version import ModelVersion
 
@@ -41,6 +42,7 @@ class Model:
         model_dir: Path,
         models: Callable[[str], Model] | None = None,
         on_unavailable: Callable[[], None] = lambda: None,
+        rate_limiter: RateLimiter | None = None,
     ):
         self.name = name
         self.model_dir = model_dir
@@ -48,6 +50,8 @@ class Model:
         self.models = models
         #: Told when a served version can no longer serve (the repository tells who follows it).
         self.on_unavailable = on_unavailable
+        #: The server's rate limiter, which its versions' instances go through (None: --rate_limit off).
+        self.rate_limiter = rate_limiter
         self.config = mc.ModelConfig(name=name)
         self.versions: dict[int, ServedVersion] = {}
         self.weights: dict[int, float] = {}
@@ -124,7 +128,7 @@ class Model:
                 raise ModelLoadError("an ensemble is served from a repository, which runs its steps")
             models = self.models
             return ensemble.EnsembleVersion.load(config, self.model_dir, version, lambda name, v: models(name).version(v))
-        return ModelVersion.load(config, self.model_dir, version)
+        return ModelVersion.load(config, self.model_dir, version, self.rate_limiter)
 
     def _unavailable(self, version: ServedVersion, reason: str) -> None:
         """A served version has no instance left in rotation: the model is not ready until reloaded."""
