@@ -4,10 +4,10 @@ Two sim models whose instances need the one resource R (count 1, the most any in
 never execute at the same time, nor do two instances of one model: the `execute` spans the server
 exports over OTLP never overlap (with `--rate_limit off` they do). Saturated, the priority 1 model
 runs about twice as often as the priority 2 one, as under real Triton 2.51's own rate limiter with
-the `ascend` backend. A resource is per NPU unless global. A version
-leaving service, or an instance whose execution hung, leaves its resources to the others. A model
-needing more than the server has is refused at load in Triton's words (conformance/cases/
-test_rate_limiter.py checks the same against real Triton 2.51).
+the `ascend` backend. A resource is per NPU unless global; a sequence model's instances take their
+turns too. A version leaving service, or an instance whose execution hung, leaves its resources to
+the others. A model needing more than the server has is refused at load in Triton's words
+(conformance/cases/test_rate_limiter.py checks the same against real Triton 2.51).
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ import shutil
 import threading
 from concurrent import futures
 
+import numpy as np
 import pytest
 import requests
 
 from conftest import (
     ROOT,
+    copy_model,
+    infer,
     load_fake_acl,
     post_infer,
     start_on_fake_acl,
@@ -72,6 +75,12 @@ def shared_repository(tmp_path_factory):
     # An instance on each of NPUs 0 and 1, needing one N of its NPU, or the server's one global G.
     add_model(repository, "per_npu", sim_config("per_npu", '{ name: "N" count: 1 }', instances=2, npus="0,1"))
     add_model(repository, "global", sim_config("global", '{ name: "G" count: 1 global: true }', instances=2, npus="0,1"))
+    # A sequence model (its own batcher per instance) needing R too.
+    sequence = copy_model("sequence_accumulator", repository) / "config.pbtxt"
+    sequence.write_text(sequence.read_text().replace(
+        "instance_group [ { kind: KIND_CPU count: 1 } ]",
+        'instance_group [ { kind: KIND_CPU count: 2 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
+    ))
     return repository
 
 
@@ -135,6 +144,28 @@ def test_a_resource_is_per_npu_unless_global(limited, collector):  # noqa: F811
     """One N per NPU: the instances on NPUs 0 and 1 run at once. One global G: they take turns."""
     assert overlaps(run_both_at_once(limited, collector, ("per_npu",))) != []
     assert overlaps(run_both_at_once(limited, collector, ("global",))) == []
+
+
+def test_a_sequence_model_runs_through_the_limiter(limited, collector):  # noqa: F811
+    """Two sequences at once on `sequence_accumulator`'s two instances, which need R as `first` does: each
+    keeps its running sum, and no two executions overlap."""
+    collector.clear()
+
+    def sequence(correlation_id: int) -> list[int]:
+        sums = []
+        for index, value in enumerate((1, 2, 3)):
+            outputs = infer(
+                limited, "sequence_accumulator", {"INPUT": np.array([[value]], np.int32)}, sequence_id=correlation_id,
+                sequence_start=index == 0, sequence_end=index == 2,
+            )
+            sums.append(int(outputs["OUTPUT"][0][0]))
+        return sums
+
+    with futures.ThreadPoolExecutor(3) as pool:
+        running = [pool.submit(sequence, 1), pool.submit(sequence, 2), pool.submit(post, limited, "first")]
+        assert [done.result() for done in running] == [[1, 3, 6], [1, 3, 6], 200]
+    wait_for(lambda: len(collector.named("execute")) >= 7, "the execute spans of the 7 requests")
+    assert overlaps(executions(collector, ("sequence_accumulator", "first"))) == []
 
 
 def test_without_the_limiter_they_do(shared_repository, tmp_path, collector):  # noqa: F811
