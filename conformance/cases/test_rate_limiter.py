@@ -97,6 +97,17 @@ def test_rate_limiter_refuses_a_config_the_server_has_not_the_resources_for(url,
     assert_identity(url)
 
 
+@pytest.mark.spec("Triton rate_limiter.md §Resources; extension_model_repository.md §Load")
+def test_rate_limiter_refused_reload_leaves_the_served_version_serving(url, requires):
+    """A reload whose instances would need `conformance_slot` as a global resource, while the served version's
+    need it per device: refused in Triton's words, and the served version serves on."""
+    requires("model_repository")
+    answer = load(url, config(group({"name": "conformance_slot", "count": 1, "global": True})))
+    assert answer.status_code == 400, answer.text
+    assert OVER_BUDGET["global_and_per_device"][1] in answer.json()["error"]
+    assert_identity(url)
+
+
 @pytest.mark.spec("Triton rate_limiter.md §Resources: a resource is per device unless global")
 def test_rate_limiter_global_resource_within_the_budget_serves(url, requires):
     """A global resource counts the largest count given for its name: one global slot fits. (Unloaded first:
