@@ -136,7 +136,12 @@ def group_devices(group: mc.ModelInstanceGroup, devices: list[int]) -> list[int]
 
 
 def device_placement(config: mc.ModelConfig) -> list[int]:
-    """Device id of every instance to create, in order.
+    """Device id of every instance to create, in order (see `instance_placement`)."""
+    return [device for device, _ in instance_placement(config)]
+
+
+def instance_placement(config: mc.ModelConfig) -> list[tuple[int, mc.ModelInstanceGroup]]:
+    """Every instance to create, in order: its device id and its group.
 
     A group with NPUs (`group_devices`: its `gpus`, or KIND_GPU's default of every NPU in
     `device_ids`) places `count` instances on each of them, as Triton places a KIND_GPU group;
@@ -144,14 +149,14 @@ def device_placement(config: mc.ModelConfig) -> list[int]:
     round-robin over `device_ids`, continuing across groups.
     """
     devices = model_devices(config)
-    placement: list[int] = []
+    placement: list[tuple[int, mc.ModelInstanceGroup]] = []
     for group in config.instance_group or [mc.ModelInstanceGroup(count=1)]:
         count = group.count or 1
         if on := group_devices(group, devices):
-            placement.extend(device for device in on for _ in range(count))
+            placement.extend((device, group) for device in on for _ in range(count))
         else:
             start = len(placement)  # round-robin continues across groups
-            placement.extend([devices[(start + i) % len(devices)] for i in range(count)])
+            placement.extend((devices[(start + i) % len(devices)], group) for i in range(count))
     return placement
 
 

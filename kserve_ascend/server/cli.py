@@ -18,6 +18,7 @@ from types import ModuleType
 from .. import cann_config
 from ..core import tracing
 from ..core.cache import ResponseCache
+from ..core.scheduling.rate_limiter import RateLimiter, parse_resource
 from . import kserve_seam
 from .edges import rest
 from .edges.auth import Authenticator
@@ -117,6 +118,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     security.add_argument("--auth_jwt_issuer", help="The 'iss' an accepted JWT must carry.")
     security.add_argument("--auth_jwt_audience", help="The 'aud' an accepted JWT must carry.")
+    limiter = parser.add_argument_group(
+        "rate limiter",
+        "Triton's: with execution_count, a model instance executes only when the resources its instance_group's "
+        "rate_limiter names are free (per NPU, or across the server if global), in turn by priority.",
+    )
+    limiter.add_argument(
+        "--rate_limit",
+        type=str.lower,
+        choices=("execution_count", "off"),
+        default="off",
+        help="Triton's --rate-limit: execution_count, or off (the default: rate_limiter configs are ignored).",
+    )
+    limiter.add_argument(
+        "--rate_limit_resource",
+        type=rate_limit_resource,
+        action="append",
+        default=[],
+        metavar="NAME:COUNT[:DEVICE]",
+        help="Triton's --rate-limit-resource (repeatable): COUNT of resource NAME on NPU DEVICE (every NPU if none; "
+        "the largest count given for a global resource). Given any, a resource none names counts 0; given none, "
+        "each counts the most any instance needs.",
+    )
     parser.add_argument(
         "--cache_config",
         action="append",
@@ -132,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
     )
     return parser
+
+
+def rate_limit_resource(value: str) -> tuple[str, int, int]:
+    try:
+        return parse_resource(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def rate_limiter(args: argparse.Namespace) -> RateLimiter | None:
+    """The server's rate limiter, which the engine's repository shares among every model (None: --rate_limit off)."""
+    return RateLimiter(args.rate_limit_resource) if args.rate_limit == "execution_count" else None
 
 
 def positive_seconds(value: str) -> float:

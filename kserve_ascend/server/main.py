@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def main(argv: list[str] | None = None) -> None:
     args = cli.parse_args(argv)
     try:
-        repository = Repository(Path(args.model_dir), cli.response_cache(args))
+        repository = Repository(Path(args.model_dir), cli.response_cache(args), cli.rate_limiter(args))
     except FileNotFoundError as error:
         raise SystemExit(f"kserve-ascend: {error}") from None
     # KServe's HTTP port for these flags (with TLS its default moves to 8443); asking also sets up its logging.

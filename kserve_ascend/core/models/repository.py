@@ -30,6 +30,7 @@ from ..cache import ResponseCache
 from ..contracts import ServedVersion
 from ..errors import AscendError, InvalidInput, ModelNotFound
 from ..execution.loading import file_stamp
+from ..scheduling.rate_limiter import RateLimiter
 from . import ensemble
 from .model import Model
 
@@ -41,7 +42,10 @@ SETTLE_S = 1.0
 
 
 class Repository:
-    def __init__(self, root: Path | str, cache: ResponseCache | None = None):
+    """`cache`, `rate_limiter`: the server's response cache (`--cache_config`) and rate limiter (`--rate_limit
+    execution_count`), shared by every model; None: none."""
+
+    def __init__(self, root: Path | str, cache: ResponseCache | None = None, rate_limiter: RateLimiter | None = None):
         # Absolute: the watcher reports absolute paths, which must be under the root as given (a relative
         # --model_dir in poll mode once crashed the server on the first change), and the cwd may change.
         self.root = Path(root).absolute()
@@ -52,6 +56,7 @@ class Repository:
         #: Called (on the event loop) whenever what the repository serves changed: a model loaded, unloaded, removed
         #: or unavailable (the engine of `--workers N` tells its frontends, which cache models' metadata).
         self.on_change: Callable[[], None] = lambda: None
+        self.rate_limiter = rate_limiter
         self.models: dict[str, Model] = {name: self._model(name, path) for name, path in self._directories().items()}
         self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         #: ensemble -> the models its steps run, as its config said when last loaded
@@ -62,7 +67,7 @@ class Repository:
         self._along: set[str] = set()
 
     def _model(self, name: str, path: Path) -> Model:
-        return Model(name, path, self.get, lambda: self.on_change(), self.cache)
+        return Model(name, path, self.get, lambda: self.on_change(), self.cache, self.rate_limiter)
 
     def _directories(self) -> dict[str, Path]:
         return {
