@@ -89,7 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         "fails with 503 (Triton's --exit-timeout-secs). Keep it below the pod's terminationGracePeriodSeconds "
         "(Kubernetes' default 30) minus its preStop delay.",
     )
-    parser.add_argument("--log_format", choices=("text", "json"), default="text", help="json: one JSON object per log line.")
+    parser.add_argument(
+        "--log_format",
+        type=lambda value: "default" if value == "text" else value,  # `text`: its name before the logging extension
+        choices=logs.LOG_FORMATS,
+        default="default",
+        help="default: KServe's lines; ISO8601: the same with the time in ISO 8601 UTC; json: one JSON object per line. "
+        "Changed at run time by POST /v2/logging (Triton's logging extension), as are the levels written.",
+    )
     parser.add_argument(
         "--enable_access_log",
         action="store_true",

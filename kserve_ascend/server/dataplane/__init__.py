@@ -23,7 +23,7 @@ SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
 EXTENSIONS = (
     "binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics", "system_shared_memory",
-    "classification", "sequence",
+    "classification", "sequence", "logging",
 )
 SHUTTING_DOWN = "the server is shutting down"
 #: The one input of a raw binary request, by this name: its body's bytes (uint8), which the data plane
@@ -115,6 +115,10 @@ class DataPlane(Protocol):
 
     async def metrics(self) -> bytes:
         """The server's Prometheus metrics, in the text exposition format."""
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The logging extension: applies a client's `changes` (Triton's names and types) in every process of the
+        server, then answers the settings now."""
 
 
 __all__ = ["DataPlane", "EXTENSIONS", "InferRequest", "InferResult", "RAW_INPUT", "RegionViews", "SERVER_NAME", "SHUTTING_DOWN"]

@@ -21,6 +21,7 @@ from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNot
 from ...core.models import classification
 from ...core.models.repository import Repository
 from ...core.stats import RequestTiming
+from ..observability import logs
 from . import EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
 from .shm import SharedMemoryRegistry
 
@@ -159,6 +160,11 @@ class LocalDataPlane:
 
     async def metrics(self) -> bytes:
         return generate_latest(self.metrics_registry)
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        if changes:
+            logs.apply(logs.checked(changes))
+        return logs.settings()
 
     def close(self) -> None:
         """Unmaps the regions clients left registered."""

@@ -217,6 +217,11 @@ class RestEndpoints:
                 headers = [*headers, (b"content-encoding", coding.encode())]
         return 200, body, headers
 
+    async def log_settings(self, call: Call) -> Answer:
+        """The logging extension: GET answers the settings, POST changes those its JSON object names first."""
+        body = await call.body() if call.scope["method"] == "POST" else b""
+        return _json(await self.dataplane.log_settings(json_object(body) if body else None))
+
     async def metrics(self, call: Call) -> Answer:
         return 200, await self.dataplane.metrics(), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
@@ -255,6 +260,7 @@ class RestEndpoints:
             "/v2/repository/index": {"POST": self.repository_index},
             "/v2/models/stats": {"GET": self.statistics},
             "/metrics": {"GET": self.metrics},
+            "/v2/logging": {"GET": self.log_settings, "POST": self.log_settings},
         }
         for shm, status, unregister in (
             ("/v2/systemsharedmemory", self.shm_status, self.shm_unregister),
@@ -343,6 +349,8 @@ class OipApplication:
 
     async def _answer(self, endpoint: Endpoint, call: Call) -> Answer:
         logs.begin_request(call.request_id)
+        if logs.verbose:  # Triton's verbose line of each request
+            log.debug("HTTP request: %s %s", call.scope["method"], call.scope["path"])
         try:
             if call.content_length is None:
                 call.receive = _counting(call.receive, self.max_input_size, self.too_large)

@@ -41,7 +41,7 @@ from ...core.models.repository import Repository
 from .. import cli, listeners, ports
 from ..dataplane.local import LocalDataPlane
 from ..lifecycle import STOP_SIGNALS, Lifecycle
-from ..observability import metrics
+from ..observability import logs, metrics
 from . import messages
 from .control import MODELS, REGIONS, ControlPage
 from .link import FrontendLink
@@ -124,6 +124,7 @@ class Engine:
             (messages.Control(self.control.SIZE), self.control.share()),
             (self.regions_message(), None),
             (self.models_message(), None),
+            (messages.LogSettings(logs.settings()), None),
         ])
         return link
 
@@ -149,6 +150,10 @@ class Engine:
     def regions_changed(self) -> None:
         """A region was registered or unregistered: every frontend maps what the registry holds now."""
         self._follow(REGIONS, self.dataplane.regions.changes, self.regions_message())
+
+    def log_settings_changed(self, settings: dict[str, Any]) -> None:
+        """A client changed the log settings (applied here): every frontend applies them too."""
+        self._broadcast(messages.LogSettings(settings), flush=True)
 
     def _follow(self, count: int, value: int, message: messages.Message) -> None:
         # The message first, then the count that tells a frontend to read it (see `control`).
@@ -191,6 +196,13 @@ class EngineDataPlane(LocalDataPlane):
     async def metrics(self) -> bytes:
         self.engine.read_frontends()
         return await super().metrics()
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        # Applied here, then in every frontend before the one that asked has its answer (the same channel, in order).
+        settings = await super().log_settings(changes)
+        if changes:
+            self.engine.log_settings_changed(settings)
+        return settings
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await super().shm_register(name, key, offset, byte_size)

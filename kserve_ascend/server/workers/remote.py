@@ -208,6 +208,8 @@ class RemoteDataPlane(_Forwarded):
             if refusal is not None:
                 log.error("%s", refusal)
                 self.channel.close()
+        elif kind is messages.LogSettings:
+            logs.apply(message.settings)
         elif kind is messages.Stopping:
             self.stopping = True
         elif kind is messages.Stop:
