@@ -79,7 +79,7 @@ class RequestTiming:
     before a scheduler took it is never recorded, as in Triton.
     """
 
-    __slots__ = ("answer_start", "enqueued", "execution", "start", "stats")
+    __slots__ = ("answer_start", "enqueued", "execution", "start", "stats", "trace")
 
     def __init__(self, start: int | None = None) -> None:
         self.start = now_ns() if start is None else start
@@ -87,6 +87,8 @@ class RequestTiming:
         self.execution: Execution | None = None
         self.stats: VersionStats | None = None
         self.answer_start = 0
+        #: The request's trace, if the trace extension samples it: ended with what is recorded here.
+        self.trace = None
 
     def queued(self, stats: VersionStats) -> None:
         """A scheduler took the request: from now on it is counted, in `stats`."""
@@ -112,13 +114,18 @@ class RequestTiming:
             stats.record_success(self, end, end - self.answer_start if answer_ns is None else answer_ns)
         else:
             stats.record_failure(end - self.start, "OTHER")
+        if self.trace is not None:
+            self.trace.end(self, end)
 
     def failed(self, reason: str) -> None:
         """The request failed once queued, for `reason` (Triton's: REJECTED, CANCELED, BACKEND, OTHER)."""
         stats = self.stats
         if stats is not None:
             self.stats = None
-            stats.record_failure(now_ns() - self.start, reason)
+            end = now_ns()
+            stats.record_failure(end - self.start, reason)
+            if self.trace is not None:
+                self.trace.end(self, end)
 
 
 @dataclass

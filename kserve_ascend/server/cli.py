@@ -20,7 +20,7 @@ from ..core import tracing
 from . import kserve_seam
 from .edges import rest
 from .edges.auth import Authenticator
-from .observability import logs
+from .observability import logs, traces
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--enable_tracing",
         action="store_true",
-        help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
+        help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment): "
+        "--trace_config mode=opentelemetry with level TIMESTAMPS unless --trace_config gives one.",
     )
+    traces.add_flag(parser)
     return parser
 
 
@@ -173,6 +175,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--ssl_certfile and --ssl_keyfile go together: they secure the REST and the gRPC port")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    try:
+        traces.manager_of(args.trace_config, args.enable_tracing)
+    except ValueError as error:
+        parser.error(str(error))
     if args.workers > 1 and not (hasattr(os, "memfd_create") and hasattr(socket, "SO_REUSEPORT")):
         parser.error("--workers N > 1 needs Linux: its frontends share memfd shared memory and SO_REUSEPORT ports")
     return args
@@ -221,11 +227,15 @@ def kserve_options(args: argparse.Namespace) -> dict:
     )
 
 
-def configure_process(args: argparse.Namespace) -> None:
-    """Logging and tracing as the flags ask, in the one process, the engine and every frontend."""
+def configure_process(args: argparse.Namespace) -> traces.TraceManager:
+    """Logging and tracing as the flags ask, in the one process, the engine and every frontend; the trace settings
+    (what the process serving the models keeps)."""
     _log_like_kserve(args.log_format, args.enable_access_log)
-    if args.enable_tracing:
-        tracing.enable()
+    trace_manager = traces.manager_of(args.trace_config, args.enable_tracing)
+    if trace_manager.mode == "opentelemetry":
+        tracing.enable()  # the exporter, set up once: the trace level switches the spans on and off
+        tracing.enabled = bool(trace_manager.settings[""].level)
+    return trace_manager
 
 
 def run_event_loop(args: argparse.Namespace, main: Coroutine) -> None:

@@ -192,6 +192,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         value = pb.LogSettingsResponse.SettingValue
         return pb.LogSettingsResponse(settings={name: value(**{_LOG_PARAMETER[type(v)]: v}) for name, v in settings.items()})
 
+    @_answers_errors
+    async def TraceSetting(self, request, context):
+        # An empty value clears a setting (a model's, back to the global one), as JSON's null does over REST.
+        changes = {
+            name: None if not value.value else list(value.value) if name == "trace_level" or len(value.value) > 1 else value.value[0]
+            for name, value in request.settings.items()
+        }  # fmt: skip
+        settings = await self.dataplane.trace_settings(request.model_name, changes or None)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={name: value(value=v if isinstance(v, list) else [v]) for name, v in settings.items()})
+
     async def ModelStreamInfer(self, request_iterator, context):
         """The requests of a stream run concurrently, as in Triton, each answered when its result is
         ready (clients match responses by id); the requests of one sequence run in stream order.

@@ -217,6 +217,11 @@ class RestEndpoints:
                 headers = [*headers, (b"content-encoding", coding.encode())]
         return 200, body, headers
 
+    async def trace_settings(self, call: Call) -> Answer:
+        """The trace extension, for the server (`/v2/trace/setting`) or a model (`/v2/models/{m}/trace/setting`)."""
+        body = await call.body() if call.scope["method"] == "POST" else b""
+        return _json(await self.dataplane.trace_settings(call.name, json_object(body) if body else None))
+
     async def log_settings(self, call: Call) -> Answer:
         """The logging extension: GET answers the settings, POST changes those its JSON object names first."""
         body = await call.body() if call.scope["method"] == "POST" else b""
@@ -261,6 +266,7 @@ class RestEndpoints:
             "/v2/models/stats": {"GET": self.statistics},
             "/metrics": {"GET": self.metrics},
             "/v2/logging": {"GET": self.log_settings, "POST": self.log_settings},
+            "/v2/trace/setting": {"GET": self.trace_settings, "POST": self.trace_settings},
         }
         for shm, status, unregister in (
             ("/v2/systemsharedmemory", self.shm_status, self.shm_unregister),
@@ -278,6 +284,7 @@ class RestEndpoints:
             "/config": {"GET": self.model_config},
             "/stats": {"GET": self.statistics},
             "/infer": {"POST": self.infer},
+            "/trace/setting": {"GET": self.trace_settings, "POST": self.trace_settings},
         }
 
     def region_routes(self) -> dict[tuple[str, str], dict[str, Endpoint]]:
@@ -293,7 +300,7 @@ class RestEndpoints:
 
 
 #: A path segment is what Starlette's `{name}` matched: anything but a slash.
-_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(|/ready|/config|/stats|/infer)")
+_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(|/ready|/config|/stats|/infer|/trace/setting)")
 _REPOSITORY_PATH = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
 _REGION_PATH = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory)/region/([^/]+)/(status|register|unregister)")
 

@@ -102,7 +102,7 @@ class FrontendLink:
         try:
             request = InferRequest(
                 message.model_name, self._tensors(message.block, message.inputs), message.model_version, message.id,
-                tuple(message.outputs), message.parameters, message.classification, message.received_ns,
+                tuple(message.outputs), message.parameters, message.classification, message.received_ns, message.protocol,
             )
             answer = await self.dataplane.infer(request)
             del request  # its inputs: the frontend may reuse their memory once the last array over it is gone

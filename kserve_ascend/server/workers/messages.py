@@ -92,6 +92,7 @@ class Infer(Message):
     #: The request's log id, and (while tracing) its trace context: the engine's lines and spans join them.
     log_id: str | None = None
     trace: dict[str, str] | None = None
+    protocol: str = "HTTP"
 
 
 class Done(Message):
@@ -184,6 +185,12 @@ class LogSettings(Message):
     settings: dict[str, Any]
 
 
+class TraceSpans(Message):
+    """OpenTelemetry spans on or off (trace_mode opentelemetry): a client changed the trace level."""
+
+    on: bool
+
+
 class Stopping(Message):
     """Shutdown has begun: answers close their connections from now on."""
 
@@ -194,7 +201,7 @@ class Stop(Message):
 
 AnyMessage = Union[
     Hello, Segment, Drop, Free, Infer, Done, Call, Cancel, Serving, Inferred, Returned, Failed, Regions, ModelsChanged,
-    Control, LogSettings, Stopping, Stop,
+    Control, LogSettings, TraceSpans, Stopping, Stop,
 ]
 
 _CONFIG = 1  # msgpack extension code of a ModelConfig (a data-plane call's value)
