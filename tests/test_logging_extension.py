@@ -146,3 +146,12 @@ def test_format_changes_in_every_process(server):
     refused_requests(server, f"iso{tag}")
     found = wait_for(lambda: len(found := lines(server, f"iso{tag}")) == CONNECTIONS and found, "ISO 8601 lines")
     assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \d+ ", line) for line in found), found
+
+
+def test_log_format_flag_takes_the_settings_names():
+    from kserve_ascend.server import cli
+
+    assert cli.parse_args(["--log_format", "ISO8601"]).log_format == "ISO8601"
+    assert cli.parse_args(["--log_format", "text"]).log_format == "default"  # its name before the logging extension
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--log_format", "xml"])

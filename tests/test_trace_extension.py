@@ -186,3 +186,35 @@ def test_opentelemetry_level_switches_spans_in_every_process(tmp_path, collector
         stop_server(server)  # flushes the spans left
     ids = sorted(a.value.string_value for span in collector.named("infer") for a in span.attributes if a.key == "request.id")
     assert ids == sorted(lit)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["file=/tmp/t.json"], "triton,file=/tmp/t.json is how it is given"),  # Triton's scoping of the file's settings
+        (["triton,rate=1"], "rate=1 is how it is given"),
+        (["level=TIMESTAMPS"], "trace file name is not given"),
+        (["triton,file=/tmp/t.json", "level=TIMESTAMPS", "rate=0"], "sample rate must be non-zero"),
+        (["level=LOUD"], "unknown trace level 'LOUD'"),
+        (["mode=opentelemetry", "rate=10"], "OTEL_TRACES_SAMPLER"),
+    ],
+    ids=["unscoped_file", "scoped_rate", "no_file", "rate_zero", "unknown_level", "otel_rate"],
+)
+def test_trace_config_refused_at_start(flags, words, capsys):
+    from kserve_ascend.server import cli
+
+    with pytest.raises(SystemExit):
+        cli.parse_args([arg for flag in flags for arg in ("--trace_config", flag)])
+    assert words in capsys.readouterr().err
+
+
+def test_trace_config_read_as_triton_reads_it():
+    from kserve_ascend.server.observability import traces
+
+    manager = traces.manager_of(["triton,file=/tmp/t.json", "level=TIMESTAMPS", "level=TENSORS", "rate=7", "count=3",
+                                 "triton,log-frequency=5"])  # fmt: skip
+    assert manager.answer() == {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "7", "trace_count": "3",
+                                "log_frequency": "5", "trace_file": "/tmp/t.json", "trace_mode": "triton"}  # fmt: skip
+    assert traces.manager_of([], enable_tracing=True).answer() == {
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1", "trace_mode": "opentelemetry"
+    }

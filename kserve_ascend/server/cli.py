@@ -234,7 +234,7 @@ def configure_process(args: argparse.Namespace) -> traces.TraceManager:
     trace_manager = traces.manager_of(args.trace_config, args.enable_tracing)
     if trace_manager.mode == "opentelemetry":
         tracing.enable()  # the exporter, set up once: the trace level switches the spans on and off
-        tracing.enabled = bool(trace_manager.settings[""].level)
+        tracing.enabled = trace_manager.spans_on
     return trace_manager
 
 

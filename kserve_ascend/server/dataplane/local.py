@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ... import __version__
+from ...core import tracing
 from ...core.config import normalized, parse_version
 from ...core.contracts import RequestOptions, ServedVersion
 from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
@@ -141,7 +142,7 @@ class LocalDataPlane:
         if RAW_INPUT in inputs:
             inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
         timing = RequestTiming(request.received_ns)
-        if traces.active:
+        if self.traces.active:
             timing.trace = self.traces.sample(request.model_name, request.id, request.protocol)
             if timing.trace is not None:
                 timing.trace.inputs(served.version, inputs)
@@ -177,7 +178,12 @@ class LocalDataPlane:
     async def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
         if model and not getattr(self.repository.models.get(model), "ready", False):
             raise InvalidInput(f"Request for unknown model : {model}")  # Triton's words, for one not ready too
-        return self.traces.update(model, changes) if changes else self.traces.answer(model)
+        if not changes:
+            return self.traces.answer(model)
+        answer = self.traces.update(model, changes)
+        if self.traces.mode == "opentelemetry":
+            tracing.enabled = self.traces.spans_on  # this process's spans (a frontend's: the engine tells it)
+        return answer
 
     async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
         if changes:

@@ -4,7 +4,7 @@
 Lives where the models are (the one process, or the engine of `--workers N`): a request is sampled
 as the data plane takes it (`sample`), and its trace is made, when the request is recorded, of the
 times its `RequestTiming` holds already (`Trace.end`): no clock is read for a trace. While no setting
-traces (every level OFF) the data plane pays one check of `active` per request.
+traces (every level OFF) the data plane pays one check of `TraceManager.active` per request.
 
 Semantics follow Triton's TraceManager (server/src/tracer.cc): every change of a setting makes it
 anew, its counts with it (the traces it had collected are written out first); a model's setting is
@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ...core import tracing
 from ...core.errors import InvalidInput, Unsupported
 from ...core.stats import RequestTiming
 
@@ -40,10 +39,6 @@ LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 MODES = ("triton", "opentelemetry")
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
-
-#: Whether any setting traces (triton mode): the data plane samples only then.
-active = False
-
 
 @dataclass
 class Setting:
@@ -169,6 +164,8 @@ class TraceManager:
         #: "": the global setting; a model's, if fields were given for it. Spans are sampled by OTEL_TRACES_SAMPLER.
         self.settings: dict[str, Setting] = {"": Setting(rate=1) if mode == "opentelemetry" else Setting()}
         self._ids = 0
+        #: Whether any setting traces (triton mode): the data plane samples only then.
+        self.active = False
         #: What a null clears the global setting's field back to: its value at start (`--trace_config`).
         self.initial = self.settings[""].values()
         self._changed()
@@ -214,13 +211,12 @@ class TraceManager:
         return setting
 
     def _changed(self) -> None:
-        global active
-        on = any(setting.level for setting in self.settings.values())
-        if self.mode == "opentelemetry":
-            active = False
-            tracing.enabled = bool(self.settings[""].level)  # the exporter is set up at start in this mode
-        else:
-            active = on
+        self.active = self.mode == "triton" and any(setting.level for setting in self.settings.values())
+
+    @property
+    def spans_on(self) -> bool:
+        """Whether OpenTelemetry's spans are on (opentelemetry mode): `core.tracing.enabled` in every process."""
+        return self.mode == "opentelemetry" and bool(self.settings[""].level)
 
     @staticmethod
     def _parse(changes: Mapping[str, Any]) -> dict[str, Any]:
