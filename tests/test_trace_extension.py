@@ -17,6 +17,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import triton_to_np_dtype
 
 from conftest import ROOT, start_server, start_triton, stop_server, wait_for
 from test_logs_tracing import collector, otel_env  # noqa: F401  (the OTLP receiver fixture)
@@ -47,7 +48,8 @@ def read_traces(directory: Path, files: str = "trace.json*") -> dict[str, dict]:
                 trace["tensors"].append((entry["activity"], entry["tensor"]))
             else:
                 trace.update(model=(entry["model_name"], entry["model_version"]), request_id=entry.get("request_id", ""))
-    return {trace["request_id"]: trace for trace in by_id.values()}
+    # At level TENSORS alone a trace is its tensors only: no request id to name it by.
+    return {trace.get("request_id", f"#{id}"): trace for id, trace in by_id.items()}
 
 
 def settings_of(server, model: str = "", **changes) -> dict:
@@ -92,11 +94,30 @@ def scenario(server, directory: Path) -> list[dict]:
     answers.append(settings_of(server, "simple", trace_level=None))
     simple_requests(server, "HTTP", ["p3-simple-on"])
     answers.append(settings_of(server, "simple"))
+    # Tensors alone, of each kind of value (Triton's tracer.cc formats them as C++ streams them). First
+    # identity_int32's own setting goes: Triton 2.51 refuses every global change while a model's count is spent
+    # ("Attempting to set invalid trace setting :").
+    answers.append(settings_of(server, "identity_int32", trace_level=None, trace_count=None))
+    answers.append(settings_of(server, trace_level=["TENSORS"]))
+    for model, datatype, values in TENSORS:
+        with httpclient.InferenceServerClient(server.http) as client:
+            tensor = httpclient.InferInput("INPUT0", [1, len(values)], datatype)
+            tensor.set_data_from_numpy(np.array([values], dtype=triton_to_np_dtype(datatype)))
+            client.infer(model, [tensor])
     return answers
+
+
+TENSORS = [
+    ("identity_fp32", "FP32", [1 / 3, -2.5, 1e20, 0.1]),
+    ("identity_bool", "BOOL", [True, False]),
+    ("identity_bytes", "BYTES", [b"kserve", b"ascend"]),
+    ("identity_int32", "INT32", [-7, 0, 2**31 - 1]),
+]
 
 
 TRACED = {"p1-http-0", "p1-http-1", "p1-grpc-0", "p1-grpc-1", "p2-2", "p2-5", "p3-identity-0", "p3-simple-on"}
 FLAGS = ("level=TIMESTAMPS", "rate=1", "triton,log-frequency=2")
+LOADED = ("simple", "identity_int32", "identity_fp32", "identity_bool", "identity_bytes")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +126,7 @@ def triton_run(tmp_path_factory):
     directory = tmp_path_factory.mktemp("triton-traces")
     flags = [f"--trace-config=triton,file={directory / 'trace.json'}", *(f"--trace-config={flag}" for flag in FLAGS)]
     server = start_triton(MODELS, tmp_path_factory.mktemp("triton"), "--model-control-mode=explicit",
-                          "--load-model=simple", "--load-model=identity_int32", *flags)  # fmt: skip
+                          *(f"--load-model={model}" for model in LOADED), *flags)  # fmt: skip
     try:
         answers = scenario(server, directory)
     finally:
@@ -119,8 +140,8 @@ def test_traces_as_triton_writes_them(triton_run, tmp_path, workers):
     directory = tmp_path / "traces"
     directory.mkdir()
     flags = [f"--trace_config=triton,file={directory / 'trace.json'}", *(f"--trace_config={flag}" for flag in FLAGS)]
-    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "simple",
-                          "--load_model", "identity_int32", *flags, workers=workers)  # fmt: skip
+    server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit",
+                          *(f"--load_model={model}" for model in LOADED), *flags, workers=workers)  # fmt: skip
     try:
         assert "trace" in requests.get(f"{server.url}/v2").json()["extensions"]
         answers = scenario(server, directory)
@@ -132,7 +153,13 @@ def test_traces_as_triton_writes_them(triton_run, tmp_path, workers):
         stop_server(server)  # `trace.json` is complete once the server stopped
     assert answers == triton_answers
     traces = read_traces(directory)
-    assert set(traces) == set(triton_traces) == TRACED
+    tensors_only = {key: trace["tensors"] for key, trace in traces.items() if key.startswith("#")}
+    assert tensors_only == {key: trace["tensors"] for key, trace in triton_traces.items() if key.startswith("#")}
+    assert sorted(tensor["dtype"] for trace in tensors_only.values() for _, tensor in trace) == sorted(
+        [datatype for _, datatype, _ in TENSORS] * 2
+    )
+    traces = {key: trace for key, trace in traces.items() if key not in tensors_only}
+    assert set(traces) == {key for key in triton_traces if not key.startswith("#")} == TRACED
     for request_id, trace in traces.items():
         theirs = triton_traces[request_id]
         protocol = "GRPC" if "grpc" in request_id or "identity" in request_id else "HTTP"

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ...core import datatypes
 from ...core.errors import InvalidInput, Unsupported
 from ...core.stats import RequestTiming
 
@@ -114,11 +115,9 @@ class Trace:
             self.tensors += [self._tensor("TENSOR_BACKEND_OUTPUT", name, array) for name, array in arrays.items()]
 
     def _tensor(self, activity: str, name: str, array: np.ndarray) -> dict:
-        from ...core import datatypes
-
-        values = (v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in np.asarray(array).ravel().tolist())
-        tensor = {"name": name, "data": ",".join(values), "shape": ",".join(map(str, array.shape)), "dtype": datatypes.from_numpy(array.dtype)}
-        return {"id": self.id, "activity": activity, "tensor": tensor}
+        datatype = datatypes.from_numpy(array.dtype)
+        shape = ",".join(map(str, array.shape))
+        return {"id": self.id, "activity": activity, "tensor": {"name": name, "data": _data(datatype, array), "shape": shape, "dtype": datatype}}
 
     def end(self, timing: RequestTiming, end: int) -> None:
         """The request is recorded at `end` (its answer made, or its failure): its trace is complete."""
@@ -128,6 +127,9 @@ class Trace:
         self.manager.collect(self.setting, orjson.dumps(self._entries(timing, end))[1:-1])
 
     def _entries(self, timing: RequestTiming, end: int) -> list[dict]:
+        if "TIMESTAMPS" not in self.setting.level:
+            return self.tensors  # level TENSORS alone: Triton writes the tensors only
+
         def at(name: str, ns: int) -> dict:
             return {"id": self.id, "timestamps": [{"name": name, "ns": ns}]}
 
@@ -287,6 +289,23 @@ class TraceManager:
             self._retire(setting)
         if self.file is not None:
             self.file.close()
+
+
+def _data(datatype: str, array: np.ndarray) -> str:
+    """A tensor's values as Triton's tracer writes them (server/src/tracer.cc, TraceTensorActivity): C++'s default
+    stream format (a float to 6 significant digits, a bool 0 or 1), a BYTES element in quotes, FP16 none; integers
+    as numbers (Triton 2.51 writes an INT8 or UINT8 element as a raw character, which its trace_summary.py cannot
+    read back)."""
+    values = np.asarray(array).ravel().tolist()
+    if datatype in ("FP32", "FP64"):
+        return ",".join(f"{v:g}" for v in values)
+    if datatype == "BOOL":
+        return ",".join("1" if v else "0" for v in values)
+    if datatype == "BYTES":
+        return ",".join(f'"{v.decode(errors="replace") if isinstance(v, bytes) else v}"' for v in values)
+    if datatype in ("FP16", "BF16"):
+        return ""
+    return ",".join(map(str, values))
 
 
 #: Triton's numeric settings: (Setting's field, lowest, highest).
