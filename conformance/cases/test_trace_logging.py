@@ -192,3 +192,10 @@ def test_trace_setting_of_unknown_model_is_400(url, target, requires):
     with grpcclient.InferenceServerClient(target.grpc) as client, pytest.raises(InferenceServerException) as raised:
         client.get_trace_settings(model_name="no_such_model")
     assert raised.value.status() == str(grpc_module.StatusCode.INVALID_ARGUMENT)
+
+
+@pytest.mark.spec("Triton extension_trace.md: v2[/models/${MODEL_NAME}]/trace/setting, with no version")
+def test_trace_setting_has_no_version_route(url, requires):
+    requires("trace")
+    answer = requests.get(f"{url}/v2/models/simple/versions/1/trace/setting")
+    assert answer.status_code == 404 and "error" in answer.json(), answer.text

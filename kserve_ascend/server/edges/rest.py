@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ...core import tracing
 from ...core.config import config_json
-from ...core.errors import AscendError, InvalidInput
+from ...core.errors import AscendError, InvalidInput, ModelNotFound
 from ...core.stats import now_ns
 from ..dataplane import DataPlane
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
@@ -219,6 +219,8 @@ class RestEndpoints:
 
     async def trace_settings(self, call: Call) -> Answer:
         """The trace extension, for the server (`/v2/trace/setting`) or a model (`/v2/models/{m}/trace/setting`)."""
+        if call.version:
+            raise ModelNotFound("Not Found")  # a setting is a model's, of no version: Triton has no such route
         body = await call.body() if call.scope["method"] == "POST" else b""
         return _json(await self.dataplane.trace_settings(call.name, json_object(body) if body else None))
 
