@@ -245,3 +245,17 @@ def test_trace_config_read_as_triton_reads_it():
     assert traces.manager_of([], enable_tracing=True).answer() == {
         "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1", "trace_mode": "opentelemetry"
     }
+
+
+def test_a_models_spent_count_stays_spent_when_the_global_setting_changes(tmp_path):
+    """As Triton keeps a model's count as it is now (tracer.cc: the current setting's value of a field given for the
+    model); Triton 2.51 then refuses the global change itself, an error this server does not copy."""
+    from kserve_ascend.server.observability import traces
+
+    manager = traces.manager_of([f"triton,file={tmp_path / 'trace.json'}", "level=TIMESTAMPS", "rate=1"])
+    manager.update("simple", {"trace_count": "1"})
+    assert manager.sample("simple", "a", "HTTP") is not None and manager.sample("simple", "b", "HTTP") is None
+    manager.update("", {"trace_rate": "2"})
+    assert manager.answer("simple")["trace_count"] == "0"
+    assert manager.answer("simple")["trace_rate"] == "2"  # not given for the model: the global one
+    assert manager.update("simple", {"trace_count": None})["trace_count"] == "-1"

@@ -162,7 +162,7 @@ class TraceManager:
     def __init__(self, mode: str = "triton", file: str = ""):
         self.mode = mode
         self.file = TraceFile(file) if file else None
-        self.fields: dict[str, dict[str, Any]] = {}  # model -> the fields given for it (by name: level, rate, ...)
+        self.fields: dict[str, set[str]] = {}  # model -> the fields given for it (Setting's names: level, rate, ...)
         #: "": the global setting; a model's, if fields were given for it. Spans are sampled by OTEL_TRACES_SAMPLER.
         self.settings: dict[str, Setting] = {"": Setting(rate=1) if mode == "opentelemetry" else Setting()}
         self._ids = 0
@@ -187,23 +187,28 @@ class TraceManager:
                 "environment samples the spans"
             )
         if model:
-            fields = {**self.fields.get(model, {}), **parsed}
-            fields = {name: value for name, value in fields.items() if value is not None}
-            setting = self._checked(Setting(**{**self.settings[""].values(), **fields}))
+            given = (self.fields.get(model, set()) | parsed.keys()) - {k for k, v in parsed.items() if v is None}
+            values = {**self._model_values(model, self.settings[""].values()), **parsed}
+            setting = self._checked(Setting(**{**self.settings[""].values(), **{k: values[k] for k in given}}))
             self._retire(self.settings.pop(model, None))
-            if fields:
-                self.fields[model], self.settings[model] = fields, setting
+            if given:
+                self.fields[model], self.settings[model] = given, setting
             else:
                 self.fields.pop(model, None)
         elif parsed:
             values = {**self.settings[""].values(), **{k: self.initial[k] if v is None else v for k, v in parsed.items()}}
             made = {"": self._checked(Setting(**values))}
-            made |= {m: self._checked(Setting(**{**values, **f})) for m, f in self.fields.items()}
+            made |= {m: self._checked(Setting(**self._model_values(m, values))) for m in self.fields}
             for setting in self.settings.values():
                 self._retire(setting)
             self.settings = made
         self._changed()
         return self.answer(model)
+
+    def _model_values(self, model: str, global_values: dict[str, Any]) -> dict[str, Any]:
+        """A model's setting's values: the global ones, and those given for it as they are now (a count, counted down)."""
+        current = self.settings.get(model)
+        return {**global_values, **{k: current.values()[k] for k in self.fields.get(model, ())}} if current else global_values
 
     def _checked(self, setting: Setting) -> Setting:
         if setting.level and setting.rate == 0:
