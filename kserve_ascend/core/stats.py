@@ -79,7 +79,7 @@ class RequestTiming:
     before a scheduler took it is never recorded, as in Triton.
     """
 
-    __slots__ = ("answer_start", "cache_hit_ns", "cache_miss_ns", "cached", "enqueued", "execution", "start", "stats")
+    __slots__ = ("answer_start", "cache_hit_ns", "cache_miss_ns", "cached", "enqueued", "execution", "start", "stats", "trace")
 
     def __init__(self, start: int | None = None) -> None:
         self.start = now_ns() if start is None else start
@@ -91,6 +91,8 @@ class RequestTiming:
         self.cached = False
         self.cache_hit_ns = 0
         self.cache_miss_ns: int | None = None
+        #: The request's trace, if the trace extension samples it: ended with what is recorded here.
+        self.trace = None
 
     def queued(self, stats: VersionStats) -> None:
         """A scheduler took the request: from now on it is counted, in `stats`."""
@@ -128,13 +130,18 @@ class RequestTiming:
             stats.record_success(self, end, end - self.answer_start if answer_ns is None else answer_ns)
         else:
             stats.record_failure(end - self.start, "OTHER")
+        if self.trace is not None:
+            self.trace.end(self, end)
 
     def failed(self, reason: str) -> None:
         """The request failed once queued, for `reason` (Triton's: REJECTED, CANCELED, BACKEND, OTHER)."""
         stats = self.stats
         if stats is not None:
             self.stats = None
-            stats.record_failure(now_ns() - self.start, reason)
+            end = now_ns()
+            stats.record_failure(end - self.start, reason)
+            if self.trace is not None:
+                self.trace.end(self, end)
 
 
 @dataclass

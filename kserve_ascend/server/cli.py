@@ -22,7 +22,7 @@ from ..core.scheduling.rate_limiter import RateLimiter, parse_resource
 from . import kserve_seam
 from .edges import rest
 from .edges.auth import Authenticator
-from .observability import logs
+from .observability import logs, traces
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         "fails with 503 (Triton's --exit-timeout-secs). Keep it below the pod's terminationGracePeriodSeconds "
         "(Kubernetes' default 30) minus its preStop delay.",
     )
-    parser.add_argument("--log_format", choices=("text", "json"), default="text", help="json: one JSON object per log line.")
+    parser.add_argument(
+        "--log_format",
+        type=lambda value: "default" if value == "text" else value,  # `text`: its name before the logging extension
+        choices=logs.LOG_FORMATS,
+        default="default",
+        help="default: KServe's lines; ISO8601: the same with the time in ISO 8601 UTC; json: one JSON object per line. "
+        "Changed at run time by POST /v2/logging (Triton's logging extension), as are the levels written.",
+    )
     parser.add_argument(
         "--enable_access_log",
         action="store_true",
@@ -152,8 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--enable_tracing",
         action="store_true",
-        help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
+        help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment): "
+        "--trace_config mode=opentelemetry with level TIMESTAMPS unless --trace_config gives one.",
     )
+    traces.add_flag(parser)
     return parser
 
 
@@ -211,6 +220,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--ssl_certfile and --ssl_keyfile go together: they secure the REST and the gRPC port")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    try:
+        traces.manager_of(args.trace_config, args.enable_tracing)
+    except ValueError as error:
+        parser.error(str(error))
     if args.workers > 1 and not (hasattr(os, "memfd_create") and hasattr(socket, "SO_REUSEPORT")):
         parser.error("--workers N > 1 needs Linux: its frontends share memfd shared memory and SO_REUSEPORT ports")
     try:
@@ -268,11 +281,15 @@ def kserve_options(args: argparse.Namespace) -> dict:
     )
 
 
-def configure_process(args: argparse.Namespace) -> None:
-    """Logging and tracing as the flags ask, in the one process, the engine and every frontend."""
+def configure_process(args: argparse.Namespace) -> traces.TraceManager:
+    """Logging and tracing as the flags ask, in the one process, the engine and every frontend; the trace settings
+    (what the process serving the models keeps)."""
     _log_like_kserve(args.log_format, args.enable_access_log)
-    if args.enable_tracing:
-        tracing.enable()
+    trace_manager = traces.manager_of(args.trace_config, args.enable_tracing)
+    if trace_manager.mode == "opentelemetry":
+        tracing.enable()  # the exporter, set up once: the trace level switches the spans on and off
+        tracing.enabled = trace_manager.spans_on
+    return trace_manager
 
 
 def run_event_loop(args: argparse.Namespace, main: Coroutine) -> None:

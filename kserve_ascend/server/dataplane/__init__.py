@@ -21,9 +21,10 @@ from ...core.stats import now_ns
 
 SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
+#: In Triton 2.51's order, which declares cuda_shared_memory too (after system_shared_memory).
 EXTENSIONS = (
-    "binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics", "system_shared_memory",
-    "classification", "sequence", "model_repository(unload_dependents)", "schedule_policy",
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "trace", "logging",
 )
 SHUTTING_DOWN = "the server is shutting down"
 #: The one input of a raw binary request, by this name: its body's bytes (uint8), which the data plane
@@ -47,6 +48,8 @@ class InferRequest:
     classification: dict[str, int] = field(default_factory=dict)
     #: When the server began working on it (its body in, before decoding): its statistics start here.
     received_ns: int = field(default_factory=now_ns)
+    #: The protocol it came by, as Triton's traces name it: HTTP or GRPC.
+    protocol: str = "HTTP"
 
 
 @runtime_checkable
@@ -116,6 +119,14 @@ class DataPlane(Protocol):
 
     async def metrics(self) -> bytes:
         """The server's Prometheus metrics, in the text exposition format."""
+
+    async def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace extension: applies a client's `changes` to the global setting (`model` "") or a model's, then
+        answers the setting now (Triton's names; values are strings, the level a list)."""
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The logging extension: applies a client's `changes` (Triton's names and types) in every process of the
+        server, then answers the settings now."""
 
 
 __all__ = ["DataPlane", "EXTENSIONS", "InferRequest", "InferResult", "RAW_INPUT", "RegionViews", "SERVER_NAME", "SHUTTING_DOWN"]

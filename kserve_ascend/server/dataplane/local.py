@@ -15,12 +15,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ... import __version__
+from ...core import tracing
 from ...core.config import normalized, parse_version
 from ...core.contracts import RequestOptions, ServedVersion
 from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
 from ...core.models import classification
 from ...core.models.repository import Repository
-from ...core.stats import RequestTiming
+from ...core.stats import RequestTiming, now_ns
+from ..observability import logs, traces
 from . import EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
 from .shm import SharedMemoryRegistry
 
@@ -48,8 +50,10 @@ class Answer:
 class LocalDataPlane:
     """`DataPlane` over `repository`; `metrics_registry` is what `metrics` renders (the process's, or the engine's)."""
 
-    def __init__(self, repository: Repository, explicit_control: bool, metrics_registry: CollectorRegistry):
+    def __init__(self, repository: Repository, explicit_control: bool, metrics_registry: CollectorRegistry,
+                 trace_manager: traces.TraceManager | None = None):  # fmt: skip
         self.repository = repository
+        self.traces = trace_manager or traces.TraceManager()
         self.explicit_control = explicit_control  # whether clients may load and unload models
         self.metrics_registry = metrics_registry
         self.loaded = False  # set once the start-up load of the repository has finished
@@ -138,7 +142,18 @@ class LocalDataPlane:
         if RAW_INPUT in inputs:
             inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
         timing = RequestTiming(request.received_ns)
-        outputs = await served.infer(inputs, request.outputs, RequestOptions.parse(request.parameters), timing)
+        if self.traces.active:
+            timing.trace = self.traces.sample(request.model_name, request.id, request.protocol)
+            if timing.trace is not None:
+                timing.trace.inputs(served.version, inputs)
+        try:
+            outputs = await served.infer(inputs, request.outputs, RequestOptions.parse(request.parameters), timing)
+        except BaseException:
+            if timing.trace is not None:  # refused before it was queued: its trace ends here
+                timing.trace.end(timing, now_ns())
+            raise
+        if timing.trace is not None:
+            timing.trace.outputs(outputs)
         timing.answering()  # compute_output: what is made of the outputs, then their encoding at the edge
         if request.classification:
             try:
@@ -160,9 +175,25 @@ class LocalDataPlane:
     async def metrics(self) -> bytes:
         return generate_latest(self.metrics_registry)
 
+    async def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        if model and not getattr(self.repository.models.get(model), "ready", False):
+            raise InvalidInput(f"Request for unknown model : {model}")  # Triton's words, for one not ready too
+        if not changes:
+            return self.traces.answer(model)
+        answer = self.traces.update(model, changes)
+        if self.traces.mode == "opentelemetry":
+            tracing.enabled = self.traces.spans_on  # this process's spans (a frontend's: the engine tells it)
+        return answer
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        if changes:
+            logs.apply(logs.checked(changes))
+        return logs.settings()
+
     def close(self) -> None:
-        """Unmaps the regions clients left registered."""
+        """Unmaps the regions clients left registered; writes the traces collected."""
         self.regions.close()
+        self.traces.close()
 
 
 def _override(name: str, config_json: str | None) -> mc.ModelConfig | None:

@@ -49,6 +49,8 @@ def _answers_errors(rpc):
     @functools.wraps(rpc)
     async def wrapper(self, request, context: aio.ServicerContext):
         logs.begin_request(_header(context, "x-request-id"))
+        if logs.verbose:
+            log.debug("gRPC request: %s", rpc.__name__)
         try:
             return await rpc(self, request, context)
         except asyncio.CancelledError:
@@ -189,6 +191,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(self, request, context):
         return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can be registered
 
+    @_answers_errors
+    async def LogSettings(self, request, context):
+        changes = {name: getattr(value, value.WhichOneof("parameter_choice") or "", None) for name, value in request.settings.items()}
+        settings = await self.dataplane.log_settings(changes or None)
+        value = pb.LogSettingsResponse.SettingValue
+        return pb.LogSettingsResponse(settings={name: value(**{_LOG_PARAMETER[type(v)]: v}) for name, v in settings.items()})
+
+    @_answers_errors
+    async def TraceSetting(self, request, context):
+        # An empty value clears a setting (a model's, back to the global one), as JSON's null does over REST.
+        changes = {
+            name: None if not value.value else list(value.value) if name == "trace_level" or len(value.value) > 1 else value.value[0]
+            for name, value in request.settings.items()
+        }  # fmt: skip
+        settings = await self.dataplane.trace_settings(request.model_name, changes or None)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={name: value(value=v if isinstance(v, list) else [v]) for name, v in settings.items()})
+
     async def ModelStreamInfer(self, request_iterator, context):
         """The requests of a stream run concurrently, as in Triton, each answered when its result is
         ready (clients match responses by id); the requests of one sequence run in stream order.
@@ -237,6 +257,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as error:
             log.exception("ModelStreamInfer: unexpected error")
             return pb.ModelStreamInferResponse(error_message=unexpected(error))
+
+
+#: A log setting's Python type -> the field of its gRPC SettingValue.
+_LOG_PARAMETER = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
 def _sequence_id(request: pb.ModelInferRequest):

@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ...core import tracing
 from ...core.config import config_json
-from ...core.errors import AscendError, InvalidInput
+from ...core.errors import AscendError, InvalidInput, ModelNotFound
 from ...core.stats import now_ns
 from ..dataplane import DataPlane
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
@@ -224,6 +224,18 @@ class RestEndpoints:
                 headers = [*headers, (b"content-encoding", coding.encode())]
         return 200, body, headers
 
+    async def trace_settings(self, call: Call) -> Answer:
+        """The trace extension, for the server (`/v2/trace/setting`) or a model (`/v2/models/{m}/trace/setting`)."""
+        if call.version:
+            raise ModelNotFound("Not Found")  # a setting is a model's, of no version: Triton has no such route
+        body = await call.body() if call.scope["method"] == "POST" else b""
+        return _json(await self.dataplane.trace_settings(call.name, json_object(body) if body else None))
+
+    async def log_settings(self, call: Call) -> Answer:
+        """The logging extension: GET answers the settings, POST changes those its JSON object names first."""
+        body = await call.body() if call.scope["method"] == "POST" else b""
+        return _json(await self.dataplane.log_settings(json_object(body) if body else None))
+
     async def metrics(self, call: Call) -> Answer:
         return 200, await self.dataplane.metrics(), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
 
@@ -262,6 +274,8 @@ class RestEndpoints:
             "/v2/repository/index": {"POST": self.repository_index},
             "/v2/models/stats": {"GET": self.statistics},
             "/metrics": {"GET": self.metrics},
+            "/v2/logging": {"GET": self.log_settings, "POST": self.log_settings},
+            "/v2/trace/setting": {"GET": self.trace_settings, "POST": self.trace_settings},
         }
         for shm, status, unregister in (
             ("/v2/systemsharedmemory", self.shm_status, self.shm_unregister),
@@ -279,6 +293,7 @@ class RestEndpoints:
             "/config": {"GET": self.model_config},
             "/stats": {"GET": self.statistics},
             "/infer": {"POST": self.infer},
+            "/trace/setting": {"GET": self.trace_settings, "POST": self.trace_settings},
         }
 
     def region_routes(self) -> dict[tuple[str, str], dict[str, Endpoint]]:
@@ -294,7 +309,7 @@ class RestEndpoints:
 
 
 #: A path segment is what Starlette's `{name}` matched: anything but a slash.
-_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(|/ready|/config|/stats|/infer)")
+_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(|/ready|/config|/stats|/infer|/trace/setting)")
 _REPOSITORY_PATH = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
 _REGION_PATH = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory)/region/([^/]+)/(status|register|unregister)")
 
@@ -350,6 +365,8 @@ class OipApplication:
 
     async def _answer(self, endpoint: Endpoint, call: Call) -> Answer:
         logs.begin_request(call.request_id)
+        if logs.verbose:  # Triton's verbose line of each request
+            log.debug("HTTP request: %s %s", call.scope["method"], call.scope["path"])
         try:
             if call.content_length is None:
                 call.receive = _counting(call.receive, self.max_input_size, self.too_large)

@@ -69,6 +69,8 @@ class FrontendLink:
             if entry is not None and message.answered is not None:  # None: its client left, counted nowhere
                 timing, made_ns = entry
                 timing.answered(message.answered, made_ns + message.answer_ns)
+            elif entry is not None and entry[0].trace is not None:  # but its trace ends, for trace_count's file
+                entry[0].trace.end(entry[0], now_ns())
         elif kind is messages.Free:
             self.outputs.free(message.segment, message.offset)
         elif kind is messages.Call:
@@ -102,7 +104,7 @@ class FrontendLink:
         try:
             request = InferRequest(
                 message.model_name, self._tensors(message.block, message.inputs), message.model_version, message.id,
-                tuple(message.outputs), message.parameters, message.classification, message.received_ns,
+                tuple(message.outputs), message.parameters, message.classification, message.received_ns, message.protocol,
             )
             answer = await self.dataplane.infer(request)
             del request  # its inputs: the frontend may reuse their memory once the last array over it is gone

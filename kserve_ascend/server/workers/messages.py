@@ -17,10 +17,10 @@ from typing import Any, Union
 import msgspec
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ...core.errors import AscendError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from ...core.errors import AscendError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable, Unsupported
 
 #: Changes with any message's fields.
-VERSION = 1
+VERSION = 2
 
 
 class Message(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -92,6 +92,7 @@ class Infer(Message):
     #: The request's log id, and (while tracing) its trace context: the engine's lines and spans join them.
     log_id: str | None = None
     trace: dict[str, str] | None = None
+    protocol: str = "HTTP"
 
 
 class Done(Message):
@@ -178,6 +179,18 @@ class Control(Message):
     size: int
 
 
+class LogSettings(Message):
+    """The log settings now (`logs.settings()`), after a client changed them: every process applies them."""
+
+    settings: dict[str, Any]
+
+
+class TraceSpans(Message):
+    """OpenTelemetry spans on or off (trace_mode opentelemetry): a client changed the trace level."""
+
+    on: bool
+
+
 class Stopping(Message):
     """Shutdown has begun: answers close their connections from now on."""
 
@@ -188,7 +201,7 @@ class Stop(Message):
 
 AnyMessage = Union[
     Hello, Segment, Drop, Free, Infer, Done, Call, Cancel, Serving, Inferred, Returned, Failed, Regions, ModelsChanged,
-    Control, Stopping, Stop,
+    Control, LogSettings, TraceSpans, Stopping, Stop,
 ]
 
 _CONFIG = 1  # msgpack extension code of a ModelConfig (a data-plane call's value)
@@ -225,7 +238,7 @@ def mismatch(hello: Message, side: str) -> str | None:
 # ---------------------------------------------------------------- errors across the processes
 
 #: Core errors that keep their type across, so the edges answer them with their own status.
-_ERRORS = {cls.__name__: cls for cls in (InvalidInput, ModelNotFound, ModelNotReady, Unavailable, ModelLoadError)}
+_ERRORS = {cls.__name__: cls for cls in (InvalidInput, ModelNotFound, ModelNotReady, Unavailable, ModelLoadError, Unsupported)}
 
 
 def failure(call: int, error: BaseException) -> Failed:

@@ -124,7 +124,7 @@ class RemoteDataPlane(_Forwarded):
             propagate.inject(trace)  # the engine's queue and execute spans join this request's trace
         call, future = self._send(True, lambda call: messages.Infer(
             call, request.model_name, request.model_version, request.id, list(request.outputs), request.parameters,
-            request.classification, request.received_ns, block, inputs, logs.request_id(), trace,
+            request.classification, request.received_ns, block, inputs, logs.request_id(), trace, request.protocol,
         ))
         answer = await self._answer(call, future)
         # Read in place: the engine's block is freed once the last array made of it is gone.
@@ -208,6 +208,10 @@ class RemoteDataPlane(_Forwarded):
             if refusal is not None:
                 log.error("%s", refusal)
                 self.channel.close()
+        elif kind is messages.LogSettings:
+            logs.apply(message.settings)
+        elif kind is messages.TraceSpans:
+            tracing.enabled = message.on
         elif kind is messages.Stopping:
             self.stopping = True
         elif kind is messages.Stop:
