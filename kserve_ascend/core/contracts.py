@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import InvalidInput, ModelNotReady
+from .errors import InternalError, InvalidInput, ModelNotReady
 from .scheduling.sequences import SequenceRequest
 from .signature import Signature
 from .stats import RequestTiming, VersionStats
@@ -27,6 +27,11 @@ from .stats import RequestTiming, VersionStats
 log = logging.getLogger(__name__)
 
 Tensors = Mapping[str, np.ndarray]
+#: A decoupled model's answer to one request (config `model_transaction_policy { decoupled: true }`): each
+#: response's outputs as the model produces them, zero or more; the iterator's end is the final flag, which
+#: comes alone (without outputs). Closing it early (`aclose`: the client cancelled) stops the model producing.
+#: The one shape of a stream of responses in every layer: scheduler, served version, data plane, edges.
+Responses = AsyncIterator[dict[str, np.ndarray]]
 
 
 class RequestOptions:
@@ -128,6 +133,10 @@ class RequestScheduler(ABC):
     async def submit(self, request: Request) -> dict[str, np.ndarray]:
         """Resolves with the request's outputs (at least those asked for), or raises its error."""
 
+    def stream(self, request: Request) -> Responses:
+        """A decoupled model's scheduler only (`scheduling.decoupled`): the request's responses."""
+        raise InternalError("this model answers every request with one response: it has no stream of responses")
+
     @property
     @abstractmethod
     def health(self) -> list[str]:
@@ -196,6 +205,8 @@ class ServedVersion(ABC):
     sha256: str = ""
     #: Told why when the version can no longer serve (set by the Model that serves this version).
     on_unavailable: Callable[[str], None] | None = None
+    #: Whether it answers a request with a stream of responses (`stream`) rather than one (`infer`).
+    decoupled: bool = False
 
     async def infer(
         self, inputs: Tensors, outputs: Collection[str], options: RequestOptions, timing: RequestTiming
@@ -209,6 +220,16 @@ class ServedVersion(ABC):
         rows, inputs = self.accept(inputs, options)
         answer = await self.scheduler.submit(Request(inputs, rows, outputs, options, timing))
         return {name: answer[name] for name in outputs} if outputs else answer
+
+    def stream(self, inputs: Tensors, outputs: Collection[str], options: RequestOptions, timing: RequestTiming) -> Responses:
+        """A decoupled version's answer to one request: its responses, each with the outputs asked for (all of them
+        when `outputs` is empty). Checked as `infer` checks it, at once: a malformed request raises here, before
+        any response; what fails later (in the model) raises from the iterator. The request is recorded in the
+        statistics once the iterator ends."""
+        if outputs:
+            self.signature.check_outputs(outputs)
+        rows, inputs = self.accept(inputs, options)
+        return self.scheduler.stream(Request(inputs, rows, outputs, options, timing))
 
     def accept(self, inputs: Tensors, options: RequestOptions) -> tuple[int, Tensors]:
         """The request's batch size and what its scheduler takes of it; InvalidInput if it does not fit the model."""
@@ -272,5 +293,5 @@ class ServedVersion(ABC):
 
 
 __all__ = [
-    "InstanceHealth", "Request", "RequestOptions", "RequestScheduler", "ServedVersion", "Tensors", "VersionHealth",
+    "InstanceHealth", "Request", "RequestOptions", "RequestScheduler", "Responses", "ServedVersion", "Tensors", "VersionHealth",
 ]

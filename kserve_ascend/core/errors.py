@@ -25,6 +25,11 @@ class Unavailable(AscendError):
     """The request cannot be served now: its queue is full or it timed out waiting (retry later)."""
 
 
+class Unsupported(AscendError):
+    """The route cannot serve the request (501 / UNIMPLEMENTED): a decoupled model asked for one answer, as
+    Triton refuses it on its unary routes (server src/http_server.cc and grpc/infer_handler.cc)."""
+
+
 class ModelLoadError(AscendError):
     """A model could not be loaded: bad config, missing or corrupt file, missing runtime."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -15,9 +16,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ...core import tracing
-from ...core.errors import AscendError, InvalidInput
+from ...core.errors import AscendError, InvalidInput, Unsupported
 from ...core.stats import now_ns
-from ..dataplane import DataPlane
+from ..dataplane import DataPlane, InferRequest
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
 from ..observability import logs
 from .codec import decode_grpc, encode_grpc
@@ -135,17 +136,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def ModelInfer(self, request, context):
-        return await self._infer(request, context)
+        try:
+            return await self._infer(request, context)
+        except Unsupported as error:  # a decoupled model, as Triton words it
+            raise Unsupported(f"ModelInfer RPC {error}") from None
+
+    async def _decode(self, request: pb.ModelInferRequest):
+        received = now_ns()  # the server's work on the request starts once its message is in
+        if grpc_typed_bytes(request) > OFF_LOOP_BYTES:
+            return await decode_grpc_off_loop(request, self.dataplane.regions, received)
+        return decode_grpc(request, self.dataplane.regions, received)
 
     async def _infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> pb.ModelInferResponse:
         if request.id:
             logs.begin_request(request.id)  # the OIP id names the request ahead of the metadata
         with tracing.infer_span(request.model_name, _trace_carrier(context), logs.request_id) as span:
-            received = now_ns()  # the server's work on the request starts once its message is in
-            if grpc_typed_bytes(request) > OFF_LOOP_BYTES:
-                decoded, answer = await decode_grpc_off_loop(request, self.dataplane.regions, received)
-            else:
-                decoded, answer = decode_grpc(request, self.dataplane.regions, received)
+            decoded, answer = await self._decode(request)
             result = await self.dataplane.infer(decoded)
             with result.answering():
                 response = encode_grpc(result.model_name, result.model_version, decoded.id, result.outputs, answer)
@@ -196,7 +202,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if after is not None:
                 await asyncio.wait((after,))  # the sequence's previous request first
             logs.begin_request(stream_id)
-            responses.put_nowait(await self._stream_response(request, context))
+            async with contextlib.aclosing(self._stream_responses(request, context)) as answers:
+                async for response in answers:
+                    responses.put_nowait(response)
 
         async def read() -> None:
             try:
@@ -222,15 +230,72 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in answering:
                 task.cancel()
 
-    async def _stream_response(self, request: pb.ModelInferRequest, context) -> pb.ModelStreamInferResponse:
+    async def _stream_responses(self, request: pb.ModelInferRequest, context):
+        """A request's responses on the stream, each marked `triton_final_response` as Triton marks them
+        (server src/grpc/stream_infer_handler.cc): an ordinary model's one answer is final; a decoupled
+        model's are not, and the final flag that follows them alone is a response of its own only when the
+        request asks for it (`triton_enable_empty_final_response`). An error is a response with
+        `error_message`; one the model raised after the request was accepted is final, as in Triton."""
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+            empty_final = _empty_final_response(request)
+            try:
+                response = await self._infer(request, context)
+            except Unsupported:  # a decoupled model: its answer is a stream
+                pass
+            else:
+                response.parameters[FINAL_RESPONSE].bool_param = True
+                yield pb.ModelStreamInferResponse(infer_response=response)
+                return
+            decoded, answer = await self._decode(request)
+            stream = await self.dataplane.stream(decoded)
         except AscendError as error:
             (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
-            return pb.ModelStreamInferResponse(error_message=str(error))
+            yield pb.ModelStreamInferResponse(error_message=str(error), infer_response=pb.ModelInferResponse(id=request.id))
+            return
         except Exception as error:
             log.exception("ModelStreamInfer: unexpected error")
-            return pb.ModelStreamInferResponse(error_message=unexpected(error))
+            yield pb.ModelStreamInferResponse(error_message=unexpected(error), infer_response=pb.ModelInferResponse(id=request.id))
+            return
+        async with contextlib.aclosing(self._decoupled(decoded, answer, stream, empty_final)) as responses:
+            async for response in responses:
+                yield response
+
+    async def _decoupled(self, decoded: InferRequest, answer, stream, empty_final: bool):
+        """A decoupled model's responses; closing this (the stream ended, its client went away) stops the model."""
+        final = pb.ModelInferResponse(id=decoded.id, model_name=stream.model_name)
+        final.parameters[FINAL_RESPONSE].bool_param = True
+        try:
+            async for outputs in stream:
+                response = encode_grpc(stream.model_name, stream.model_version, decoded.id, outputs, answer)
+                response.parameters[FINAL_RESPONSE].bool_param = False
+                yield pb.ModelStreamInferResponse(infer_response=response)
+        except AscendError as error:
+            (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
+            yield pb.ModelStreamInferResponse(error_message=str(error), infer_response=final)
+            return
+        except Exception as error:
+            log.exception("ModelStreamInfer: unexpected error")
+            yield pb.ModelStreamInferResponse(error_message=unexpected(error), infer_response=final)
+            return
+        finally:
+            await stream.aclose()
+        if empty_final:
+            yield pb.ModelStreamInferResponse(infer_response=final)
+
+
+#: The parameter that marks a streamed response final, and the request parameter that asks for a final flag
+#: sent alone to come as an empty response (Triton's names, server src/grpc/stream_infer_handler.cc).
+FINAL_RESPONSE = "triton_final_response"
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+
+
+def _empty_final_response(request: pb.ModelInferRequest) -> bool:
+    if EMPTY_FINAL_RESPONSE not in request.parameters:
+        return False
+    parameter = request.parameters[EMPTY_FINAL_RESPONSE]
+    if parameter.WhichOneof("parameter_choice") != "bool_param":
+        raise InvalidInput(f"invalid value type for '{EMPTY_FINAL_RESPONSE}' parameter, expected bool_param.")
+    return parameter.bool_param
 
 
 def _sequence_id(request: pb.ModelInferRequest):

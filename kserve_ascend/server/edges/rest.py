@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ...core import tracing
 from ...core.config import config_json
-from ...core.errors import AscendError, InvalidInput
+from ...core.errors import AscendError, InvalidInput, Unsupported
 from ...core.stats import now_ns
 from ..dataplane import DataPlane
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
@@ -198,6 +198,8 @@ class RestEndpoints:
             watch = call.cancel_if_client_leaves(loop)
             try:
                 result = await self.dataplane.infer(request)
+            except Unsupported as error:  # a decoupled model, as Triton words it
+                raise Unsupported(f"HTTP end point {error}") from None
             finally:
                 watch.cancel()
             with result.answering():
