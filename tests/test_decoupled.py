@@ -9,8 +9,10 @@ before shutdown is answered, and Triton's own client example runs unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import threading
 import sys
 from pathlib import Path
 
@@ -21,7 +23,11 @@ import requests
 from tritonclient.grpc import service_pb2_grpc
 
 from conformance.harness import grpc_request, response_outputs, stream_infer
-from conftest import copy_model, start_server, start_triton, statistics, stop_server, wait_for
+from conftest import copy_model, core_request, start_server, start_triton, statistics, stop_server, wait_for
+from kserve_ascend.core.errors import InternalError, InvalidInput
+from kserve_ascend.core.execution.threads import InstanceThread
+from kserve_ascend.core.scheduling.decoupled import StreamScheduler
+from kserve_ascend.core.stats import VersionStats
 
 TARGETS = ("kserve-ascend", "workers", "triton")
 #: Triton's client examples, r24.10 (docs/triton-client-examples.md says how to fetch them; not committed).
@@ -34,6 +40,38 @@ def repeat(values, delays=None, wait: int = 0, **options):
     values = np.asarray(values, np.int32)
     delays = np.zeros(values.shape, np.uint32) if delays is None else np.asarray(delays, np.uint32)
     return grpc_request("repeat_int32", {"IN": values, "DELAY": delays, "WAIT": np.array([wait], np.uint32)}, **options)
+
+
+def test_the_scheduler_records_a_request_by_its_execution_and_a_fault_as_a_failure():
+    """A model's error ends its stream and the request counts as executed (as Triton's backends count it); a
+    runtime that raises other than a core error fails its request alone (BACKEND), and the instance serves on."""
+
+    def runner(inputs, stop: threading.Event):
+        yield {"OUT": inputs["IN"]}
+        if inputs["IN"][0] == 1:
+            raise InvalidInput("the model's own error")
+        if inputs["IN"][0] == 2:
+            raise ZeroDivisionError("a fault")
+
+    async def main():
+        stats, thread = VersionStats(), InstanceThread("decoupled-test")
+        scheduler = StreamScheduler([runner], [thread], stats)
+        outcomes = []
+        for value in (0, 1, 2, 0):
+            answered = []
+            try:
+                async for outputs in scheduler.stream(core_request({"IN": np.array([value])})):
+                    answered.append(int(outputs["OUT"][0]))
+                outcomes.append((answered, None))
+            except Exception as error:
+                outcomes.append((answered, InternalError if isinstance(error, InternalError) else type(error)))
+        await scheduler.drain()
+        thread.shutdown()
+        return outcomes, stats
+
+    outcomes, stats = asyncio.run(main())
+    assert outcomes == [([0], None), ([1], InvalidInput), ([2], InternalError), ([0], None)]
+    assert (stats.success.count, stats.fail.count, stats.execution_count, stats.failures["BACKEND"]) == (3, 1, 3, 1)
 
 
 @pytest.fixture(scope="module")

@@ -104,3 +104,17 @@ def test_the_unary_routes_refuse_a_decoupled_model(target):
     assert refused.value.details() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
     # An ordinary model beside it serves on.
     assert requests.post(f"{target.url}/v2/models/simple/infer", json=simple_body()).status_code == 200
+
+
+@pytest.mark.spec(f"{DECOUPLED}; Triton server src/grpc/stream_infer_handler.cc (a refused request's error response)")
+def test_a_request_refused_on_the_stream_is_an_error_response_naming_it(target):
+    refused = [
+        grpc_request("simple", {"INPUT0": np.ones((1, 16), np.int32)}, id="m"),  # missing INPUT1
+        grpc_request("no_such_model", {"INPUT0": np.ones((1, 16), np.int32)}, id="u"),
+        repeat([1], outputs=["NOPE"], id="o"),
+    ]
+    responses = {response.infer_response.id: response for response in stream_infer(target, refused)}
+    assert sorted(responses) == ["m", "o", "u"]
+    for response in responses.values():
+        assert response.error_message and not response.infer_response.outputs
+        assert FINAL not in response.infer_response.parameters  # refused before any model: no flag
