@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2_grpc
 from ...core import tracing
 from ...core.errors import AscendError, InvalidInput, Unsupported
 from ...core.stats import now_ns
-from ..dataplane import DataPlane, InferRequest
+from ..dataplane import DataPlane
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
 from ..observability import logs
 from .codec import decode_grpc, encode_grpc
@@ -202,9 +202,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if after is not None:
                 await asyncio.wait((after,))  # the sequence's previous request first
             logs.begin_request(stream_id)
-            async with contextlib.aclosing(self._stream_responses(request, context)) as answers:
-                async for response in answers:
-                    responses.put_nowait(response)
+            await self._stream_answer(request, context, responses.put_nowait)
 
         async def read() -> None:
             try:
@@ -230,12 +228,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in answering:
                 task.cancel()
 
-    async def _stream_responses(self, request: pb.ModelInferRequest, context):
-        """A request's responses on the stream, each marked `triton_final_response` as Triton marks them
+    async def _stream_answer(self, request: pb.ModelInferRequest, context, send: Callable[[pb.ModelStreamInferResponse], None]) -> None:
+        """`send`s a request's responses on the stream, each marked `triton_final_response` as Triton marks them
         (server src/grpc/stream_infer_handler.cc): an ordinary model's one answer is final; a decoupled
         model's are not, and the final flag that follows them alone is a response of its own only when the
         request asks for it (`triton_enable_empty_final_response`). An error is a response with
-        `error_message`; one the model raised after the request was accepted is final, as in Triton."""
+        `error_message` naming the request; one the model raised after it accepted the request is final.
+        Cancelling this (the client went away) stops a decoupled model."""
         try:
             empty_final = _empty_final_response(request)
             try:
@@ -244,43 +243,33 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 pass
             else:
                 response.parameters[FINAL_RESPONSE].bool_param = True
-                yield pb.ModelStreamInferResponse(infer_response=response)
-                return
+                return send(pb.ModelStreamInferResponse(infer_response=response))
             decoded, answer = await self._decode(request)
             stream = await self.dataplane.stream(decoded)
-        except AscendError as error:
-            (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
-            yield pb.ModelStreamInferResponse(error_message=str(error), infer_response=pb.ModelInferResponse(id=request.id))
-            return
         except Exception as error:
-            log.exception("ModelStreamInfer: unexpected error")
-            yield pb.ModelStreamInferResponse(error_message=unexpected(error), infer_response=pb.ModelInferResponse(id=request.id))
-            return
-        async with contextlib.aclosing(self._decoupled(decoded, answer, stream, empty_final)) as responses:
-            async for response in responses:
-                yield response
-
-    async def _decoupled(self, decoded: InferRequest, answer, stream, empty_final: bool):
-        """A decoupled model's responses; closing this (the stream ended, its client went away) stops the model."""
+            return send(_stream_error(error, pb.ModelInferResponse(id=request.id)))
         final = pb.ModelInferResponse(id=decoded.id, model_name=stream.model_name)
         final.parameters[FINAL_RESPONSE].bool_param = True
         try:
             async for outputs in stream:
                 response = encode_grpc(stream.model_name, stream.model_version, decoded.id, outputs, answer)
                 response.parameters[FINAL_RESPONSE].bool_param = False
-                yield pb.ModelStreamInferResponse(infer_response=response)
-        except AscendError as error:
-            (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
-            yield pb.ModelStreamInferResponse(error_message=str(error), infer_response=final)
-            return
+                send(pb.ModelStreamInferResponse(infer_response=response))
         except Exception as error:
-            log.exception("ModelStreamInfer: unexpected error")
-            yield pb.ModelStreamInferResponse(error_message=unexpected(error), infer_response=final)
-            return
+            return send(_stream_error(error, final))
         finally:
             await stream.aclose()
         if empty_final:
-            yield pb.ModelStreamInferResponse(infer_response=final)
+            send(pb.ModelStreamInferResponse(infer_response=final))
+
+
+def _stream_error(error: Exception, response: pb.ModelInferResponse) -> pb.ModelStreamInferResponse:
+    """An error as a stream's response: a core error's message (logged as its status deserves), else a fault's."""
+    if isinstance(error, AscendError):
+        (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
+        return pb.ModelStreamInferResponse(error_message=str(error), infer_response=response)
+    log.error("ModelStreamInfer: unexpected error", exc_info=error)
+    return pb.ModelStreamInferResponse(error_message=unexpected(error), infer_response=response)
 
 
 #: The parameter that marks a streamed response final, and the request parameter that asks for a final flag
