@@ -141,18 +141,23 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Unsupported as error:  # a decoupled model, as Triton words it
             raise Unsupported(f"ModelInfer RPC {error}") from None
 
-    async def _decode(self, request: pb.ModelInferRequest):
-        received = now_ns()  # the server's work on the request starts once its message is in
-        if grpc_typed_bytes(request) > OFF_LOOP_BYTES:
-            return await decode_grpc_off_loop(request, self.dataplane.regions, received)
-        return decode_grpc(request, self.dataplane.regions, received)
-
-    async def _infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext, decoupled=None) -> pb.ModelInferResponse | None:
+        """The request's answer; for a decoupled model, what `decoupled(decoded, answer)` does with its stream of
+        responses (in the request's span), or Unsupported where the route answers once."""
         if request.id:
             logs.begin_request(request.id)  # the OIP id names the request ahead of the metadata
         with tracing.infer_span(request.model_name, _trace_carrier(context), logs.request_id) as span:
-            decoded, answer = await self._decode(request)
-            result = await self.dataplane.infer(decoded)
+            received = now_ns()  # the server's work on the request starts once its message is in
+            if grpc_typed_bytes(request) > OFF_LOOP_BYTES:
+                decoded, answer = await decode_grpc_off_loop(request, self.dataplane.regions, received)
+            else:
+                decoded, answer = decode_grpc(request, self.dataplane.regions, received)
+            try:
+                result = await self.dataplane.infer(decoded)
+            except Unsupported:
+                if decoupled is None:
+                    raise
+                return await decoupled(decoded, answer)
             with result.answering():
                 response = encode_grpc(result.model_name, result.model_version, decoded.id, result.outputs, answer)
             if span is not None:
@@ -237,17 +242,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         Cancelling this (the client went away) stops a decoupled model."""
         try:
             empty_final = _empty_final_response(request)
-            try:
-                response = await self._infer(request, context)
-            except Unsupported:  # a decoupled model: its answer is a stream
-                pass
-            else:
-                response.parameters[FINAL_RESPONSE].bool_param = True
-                return send(pb.ModelStreamInferResponse(infer_response=response))
-            decoded, answer = await self._decode(request)
-            stream = await self.dataplane.stream(decoded)
+            response = await self._infer(
+                request, context, lambda decoded, answer: self._stream_decoupled(decoded, answer, empty_final, send)
+            )
         except Exception as error:
             return send(_stream_error(error, pb.ModelInferResponse(id=request.id)))
+        if response is not None:  # an ordinary model's one answer
+            response.parameters[FINAL_RESPONSE].bool_param = True
+            send(pb.ModelStreamInferResponse(infer_response=response))
+
+    async def _stream_decoupled(self, decoded, answer, empty_final: bool, send) -> None:
+        """A decoupled model's responses, each `send` as it comes; a request it refuses raises (before any)."""
+        stream = await self.dataplane.stream(decoded)
         final = pb.ModelInferResponse(id=decoded.id, model_name=stream.model_name)
         final.parameters[FINAL_RESPONSE].bool_param = True
         try:

@@ -251,20 +251,22 @@ class RestEndpoints:
         metadata = await self.dataplane.model_metadata(call.name, call.version)
         if call.content_encoding not in (None, "identity"):
             raise InvalidInput("Unsupported content-encoding, only 'identity' is supported.")  # Triton's words
-        request = generate.decode_generate(await call.body(), metadata["inputs"], call.name, call.version, now_ns())
-        if request.id:
-            logs.begin_request(request.id)
-        try:
-            result = await self.dataplane.infer(request)
-        except Unsupported:  # a decoupled model: its answers are a stream of responses
-            stream = await self.dataplane.stream(request)
-            if streaming:
-                events = await generate.Events(stream, request.id).opened()
-                return events.status, events, generate.SSE
-            status, body = await generate.decoupled_answer(stream, request.id)
-            return status, body, generate.JSON
-        with result.answering():
-            body = generate.encode_generate(result.model_name, result.model_version, request.id, result.outputs)
+        # The request's span ends with its answer made, or with a stream's first response.
+        with tracing.infer_span(call.name, call.headers() if tracing.enabled else None, logs.request_id):
+            request = generate.decode_generate(await call.body(), metadata["inputs"], call.name, call.version, now_ns())
+            if request.id:
+                logs.begin_request(request.id)
+            try:
+                result = await self.dataplane.infer(request)
+            except Unsupported:  # a decoupled model: its answers are a stream of responses
+                stream = await self.dataplane.stream(request)
+                if streaming:
+                    events = await generate.Events(stream, request.id).opened()
+                    return events.status, events, generate.SSE
+                status, body = await generate.decoupled_answer(stream, request.id)
+                return status, body, generate.JSON
+            with result.answering():
+                body = generate.encode_generate(result.model_name, result.model_version, request.id, result.outputs)
         return (200, generate.event(body), generate.SSE) if streaming else (200, body, generate.JSON)
 
     async def metrics(self, call: Call) -> Answer:
