@@ -5,12 +5,13 @@ conformance/cases/test_generate.py do not show: statistics, and a client leaving
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import requests
 
-from conftest import copy_model, start_server, start_triton, statistics, stop_server, wait_for
+from conftest import copy_model, pending, start_server, start_triton, statistics, stop_server, wait_for
 from kserve_ascend.core.errors import InvalidInput
 from kserve_ascend.server.edges.generate import decode_generate, encode_generate
 
@@ -98,6 +99,27 @@ def test_generate_requests_count_in_statistics_as_in_triton(servers):
         wait_for(lambda: counts("repeat_int32")[0] == 1, f"{name} to count the stream", timeout=10)
         changes[name] = {model: counts(model) for model in ("simple", "repeat_int32")}
     assert changes == {name: {"simple": (2, 0), "repeat_int32": (1, 0)} for name in servers}
+
+
+@pytest.mark.parametrize("name", ["kserve-ascend", "workers"])
+def test_a_client_leaving_generate_stops_the_model(servers, name):
+    """/generate of a decoupled model whose second response is two minutes away holds the model's one instance; a
+    second request waits for it. The first client closes its connection without an answer: the model stops,
+    and the second request is answered long before those two minutes."""
+    target = servers[name]
+    body = b'{"IN": [1, 2], "DELAY": [0, 120000], "WAIT": 0}'
+    with ThreadPoolExecutor(1) as pool:
+        with socket.create_connection((target.http.split(":")[0], target.http_port), timeout=20) as connection:
+            connection.sendall(
+                b"POST /v2/models/repeat_int32/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            waiting = pool.submit(
+                requests.post, f"{target.url}/v2/models/repeat_int32/generate", json={"IN": [9], "DELAY": [0], "WAIT": 0}, timeout=30
+            )
+            # One request waits while the other runs: the quick one cannot run long, so the long one runs.
+            wait_for(lambda: pending(target, "repeat_int32") == 1 and not waiting.done(), "the second request to wait for the first")
+        assert waiting.result().json()["OUT"] == 9
 
 
 @pytest.mark.parametrize("name", ["kserve-ascend", "workers"])

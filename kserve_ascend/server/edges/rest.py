@@ -256,6 +256,7 @@ class RestEndpoints:
             request = generate.decode_generate(await call.body(), metadata["inputs"], call.name, call.version, now_ns())
             if request.id:
                 logs.begin_request(request.id)
+            watch = call.cancel_if_client_leaves(asyncio.get_running_loop())
             try:
                 result = await self.dataplane.infer(request)
             except Unsupported:  # a decoupled model: its answers are a stream of responses
@@ -265,6 +266,8 @@ class RestEndpoints:
                     return events.status, events, generate.SSE
                 status, body = await generate.decoupled_answer(stream, request.id)
                 return status, body, generate.JSON
+            finally:
+                watch.cancel()
             with result.answering():
                 body = generate.encode_generate(result.model_name, result.model_version, request.id, result.outputs)
         return (200, generate.event(body), generate.SSE) if streaming else (200, body, generate.JSON)
