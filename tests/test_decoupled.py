@@ -23,7 +23,7 @@ import requests
 from tritonclient.grpc import service_pb2_grpc
 
 from conformance.harness import grpc_request, response_outputs, stream_infer
-from conftest import copy_model, core_request, start_server, start_triton, statistics, stop_server, wait_for
+from conftest import copy_model, core_request, scrape, start_server, start_triton, statistics, stop_server, wait_for
 from kserve_ascend.core.errors import InternalError, InvalidInput
 from kserve_ascend.core.execution.threads import InstanceThread
 from kserve_ascend.core.scheduling.decoupled import StreamScheduler
@@ -141,7 +141,10 @@ def test_statistics_count_a_decoupled_request_as_triton_does(servers):
     def counted(target) -> dict:
         stats = statistics(target, "repeat_int32")
         inference = stats["inference_stats"]
+        metrics = scrape(target)
         return {
+            # Triton's metrics, of the same figures.
+            **{name: metrics(name, model="repeat_int32") for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count")},
             "inference_count": stats["inference_count"],
             "execution_count": stats["execution_count"],
             **{key: inference[key]["count"] for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")},
@@ -162,6 +165,7 @@ def test_statistics_count_a_decoupled_request_as_triton_does(servers):
             for key in after
         }
     expected = {
+        "nv_inference_request_success": 4, "nv_inference_count": 4, "nv_inference_exec_count": 4,
         "inference_count": 4, "execution_count": 4, "success": 4, "fail": 0, "queue": 4, "compute_input": 4,
         "compute_infer": 4, "compute_output": 4, "batch_sizes": {1: 4}, "response_stats": {},
     }
