@@ -26,7 +26,8 @@ class Unavailable(AscendError):
 
 
 class Unsupported(AscendError):
-    """The server does not do what the request asks, on purpose (Triton's UNSUPPORTED: 501 / UNIMPLEMENTED)."""
+    """The server does not do what the request asks, on purpose (Triton's UNSUPPORTED: 501 / UNIMPLEMENTED): e.g.
+    a decoupled model asked for one answer, as Triton refuses it on its unary routes."""
 
 
 class ModelLoadError(AscendError):

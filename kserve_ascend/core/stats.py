@@ -248,7 +248,9 @@ class VersionStats:
                 "cache_hit": self.cache_hit.as_dict(),
                 "cache_miss": self.cache_miss.as_dict(),
             },
-            # Per-response figures are for decoupled models, which this server has none of: Triton answers {}.
+            # Per-response figures: a backend reports them itself (TRITONBACKEND_ModelInstanceReportResponseStatistics),
+            # which neither Triton's python backend nor its repeat backend does: Triton 2.51 answers {} for decoupled
+            # models served by the `ascend` backend too (measured), and so does this server (scheduling.decoupled).
             "response_stats": {},
             "batch_stats": [{"batch_size": size, **batch.as_dict()} for size, batch in sorted(self.batches.items())],
             # Memory a backend reports having allocated for the model: none is, as Triton's python backend

@@ -26,6 +26,7 @@ from ..execution.loading import LoadedInstances
 from ..execution.runtimes import parameter
 from ..execution.threads import InstanceThread
 from ..scheduling.batcher import DynamicBatcher
+from ..scheduling.decoupled import StreamScheduler
 from ..scheduling.queue import BatchQueue
 from ..scheduling.rate_limiter import Gate, RateLimiter
 from ..scheduling.sequencer import SequenceScheduler
@@ -57,9 +58,12 @@ class ModelVersion(ServedVersion):
         #: Per instance, its way through the server's rate limiter (None: not limited).
         self.gates = gates
         self.stats = VersionStats()
+        self.decoupled = config.model_transaction_policy.decoupled
         self.scheduler = self._scheduler(loaded)
 
     def _scheduler(self, loaded: LoadedInstances) -> RequestScheduler:
+        if self.decoupled:
+            return StreamScheduler([instance.responses for instance in self.instances], self.threads, self.stats)
         runners = [instance.run_batch for instance in self.instances]
         spans = [tracing.instance_attributes(self.name, self.version, i.runtime.device_id) for i in self.instances]
         if loaded.sequences is not None:

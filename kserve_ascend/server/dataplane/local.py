@@ -17,13 +17,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ... import __version__
 from ...core import tracing
 from ...core.config import normalized, parse_version
-from ...core.contracts import RequestOptions, ServedVersion
-from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from ...core.contracts import RequestOptions, Responses, ServedVersion
+from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable, Unsupported
 from ...core.models import classification
 from ...core.models.repository import Repository
 from ...core.stats import RequestTiming, now_ns
 from ..observability import logs, traces
-from . import EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
+from . import DECOUPLED_REFUSED, EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
 from .shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,21 @@ class Answer:
 
     def __exit__(self, kind, error, traceback) -> None:
         self.timing.answered(kind is None)
+
+
+class Streamed:
+    """A decoupled model's responses to one request (`ResponseStream`)."""
+
+    __slots__ = ("model_name", "model_version", "_responses")
+
+    def __init__(self, served: ServedVersion, responses: Responses):
+        self.model_name, self.model_version, self._responses = served.name, served.version, responses
+
+    def __aiter__(self) -> Responses:
+        return self._responses
+
+    async def aclose(self) -> None:
+        await self._responses.aclose()
 
 
 class LocalDataPlane:
@@ -138,6 +153,8 @@ class LocalDataPlane:
         if self.stopping:  # no await from here to the scheduler: a request is refused here or drained
             raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
         served = self.repository.get(request.model_name).version(request.model_version)
+        if served.decoupled:
+            raise Unsupported(DECOUPLED_REFUSED)
         inputs = request.inputs
         if RAW_INPUT in inputs:
             inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
@@ -162,6 +179,19 @@ class LocalDataPlane:
                 timing.answered(False)
                 raise
         return Answer(served, outputs, timing)
+
+    async def stream(self, request: InferRequest) -> Streamed:
+        """A decoupled model's responses to a decoded request (an ordinary model's answer is `infer`'s)."""
+        if self.stopping:
+            raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
+        served = self.repository.get(request.model_name).version(request.model_version)
+        if not served.decoupled:
+            raise InvalidInput(f"model '{request.model_name}' is not decoupled: it answers every request once (infer)")
+        inputs = request.inputs
+        if RAW_INPUT in inputs:
+            inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
+        options = RequestOptions.parse(request.parameters)
+        return Streamed(served, served.stream(inputs, request.outputs, options, RequestTiming(request.received_ns)))
 
     async def shm_status(self, name: str = "") -> list[dict[str, Any]]:
         return self.regions.status(name)

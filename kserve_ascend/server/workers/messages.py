@@ -93,6 +93,8 @@ class Infer(Message):
     log_id: str | None = None
     trace: dict[str, str] | None = None
     protocol: str = "HTTP"
+    #: A decoupled model's request (`DataPlane.stream`): answered by `Streaming`, a `Response` each, then `Final`.
+    stream: bool = False
 
 
 class Done(Message):
@@ -132,6 +134,28 @@ class Inferred(Message):
     model_version: int
     block: Block | None
     outputs: list[Tensor]
+
+
+class Streaming(Message):
+    """A decoupled model took the request (`Infer` with `stream`): its responses follow, then `Final` (or `Failed`)."""
+
+    call: int
+    model_name: str
+    model_version: int
+
+
+class Response(Message):
+    """One response of a decoupled model: its outputs in the engine's arena."""
+
+    call: int
+    block: Block | None
+    outputs: list[Tensor]
+
+
+class Final(Message):
+    """The final flag of a decoupled model's request: no response follows."""
+
+    call: int
 
 
 class Returned(Message):
@@ -200,8 +224,8 @@ class Stop(Message):
 
 
 AnyMessage = Union[
-    Hello, Segment, Drop, Free, Infer, Done, Call, Cancel, Serving, Inferred, Returned, Failed, Regions, ModelsChanged,
-    Control, LogSettings, TraceSpans, Stopping, Stop,
+    Hello, Segment, Drop, Free, Infer, Done, Call, Cancel, Serving, Inferred, Streaming, Response, Final, Returned, Failed,
+    Regions, ModelsChanged, Control, LogSettings, TraceSpans, Stopping, Stop,
 ]
 
 _CONFIG = 1  # msgpack extension code of a ModelConfig (a data-plane call's value)
