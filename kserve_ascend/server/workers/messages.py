@@ -92,6 +92,7 @@ class Infer(Message):
     #: The request's log id, and (while tracing) its trace context: the engine's lines and spans join them.
     log_id: str | None = None
     trace: dict[str, str] | None = None
+    #: What it came in by (HTTP or GRPC), for the trace extension's timestamps.
     protocol: str = "HTTP"
     #: A decoupled model's request (`DataPlane.stream`): answered by `Streaming`, a `Response` each, then `Final`.
     stream: bool = False

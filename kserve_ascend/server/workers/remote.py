@@ -169,7 +169,7 @@ class RemoteDataPlane(_Forwarded):
         block, inputs = self._write_inputs(request.inputs)
         call, future = self._send(True, lambda call: messages.Infer(
             call, request.model_name, request.model_version, request.id, list(request.outputs), request.parameters,
-            request.classification, request.received_ns, block, inputs, logs.request_id(), None, True,
+            request.classification, request.received_ns, block, inputs, logs.request_id(), None, request.protocol, stream=True,
         ))
         started = await self._answer(call, future)
         return RemoteStream(self, call, started, self._streams[call])
