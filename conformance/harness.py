@@ -25,12 +25,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Loading a repository takes seconds; Triton starts a Python stub per model instance first.
@@ -316,6 +319,35 @@ def infer(
         result = client.infer(model, tensors(module, inputs, binary_data), outputs=wanted, **options)
     answered = result.get_response(as_json=True)["outputs"] if module is grpcclient else result.get_response()["outputs"]
     return {output["name"]: result.as_numpy(output["name"]) for output in answered}
+
+
+def grpc_request(model: str, inputs: Mapping[str, np.ndarray], id: str = "", outputs: Iterable[str] = (), **parameters) -> pb.ModelInferRequest:
+    """A gRPC ModelInferRequest of numpy arrays (raw contents); `parameters` as bool, int or string params."""
+    request = pb.ModelInferRequest(model_name=model, id=id)
+    for name, array in inputs.items():
+        request.inputs.add(name=name, datatype=np_to_triton_dtype(array.dtype), shape=list(array.shape))
+        request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    for name in outputs:
+        request.outputs.add(name=name)
+    for key, value in parameters.items():
+        kind = "bool_param" if isinstance(value, bool) else "int64_param" if isinstance(value, int) else "string_param"
+        setattr(request.parameters[key], kind, value)
+    return request
+
+
+def stream_infer(target, requests: Iterable[pb.ModelInferRequest], timeout: float = 30) -> list[pb.ModelStreamInferResponse]:
+    """Every response of one gRPC ModelStreamInfer call sending `requests`, as sent (parameters and errors
+    included), until the server ends the stream (once it has answered every request)."""
+    with grpc.insecure_channel(target.grpc) as channel:
+        return list(service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(requests), timeout=timeout))
+
+
+def response_outputs(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
+    """A gRPC response's outputs (raw contents) by name."""
+    return {
+        output.name: np.frombuffer(raw, triton_to_np_dtype(output.datatype)).reshape(list(output.shape))
+        for output, raw in zip(response.outputs, response.raw_output_contents)
+    }
 
 
 # ---------------------------------------------------------------- scraping

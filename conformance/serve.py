@@ -21,15 +21,21 @@ SERVERS = ("kserve-ascend", "triton")
 READY_TIMEOUT_S = 120
 
 
+#: kserve-ascend's flags for the suite (Triton's below): every model loaded, explicit control, a response cache
+#: (cases/test_cache.py), and the rate limiter on with the one resource `rate_limited` needs (cases/test_rate_limiter.py).
+KSERVE_ASCEND_FLAGS = (
+    "--model_control_mode", "explicit", "--load_model", "*", "--cache_config", f"local,size={harness.CACHE_SIZE}",
+    "--rate_limit", "execution_count", "--rate_limit_resource", "conformance_slot:1",
+)  # fmt: skip
+
+
 def start(name: str, workdir: Path) -> harness.Server:
     if name == "kserve-ascend":
         log = workdir / "kserve-ascend.log"
-        return harness.start_server(
-            MODELS, log, "--model_control_mode", "explicit", "--load_model", "*", "--cache_config", f"local,size={harness.CACHE_SIZE}",
-            workers=1, timeout=READY_TIMEOUT_S,
-        )
+        return harness.start_server(MODELS, log, *KSERVE_ASCEND_FLAGS, workers=1, timeout=READY_TIMEOUT_S)
     return harness.start_triton(
         MODELS, workdir, "--model-control-mode=explicit", "--load-model=*", f"--cache-config=local,size={harness.CACHE_SIZE}",
+        "--rate-limit=execution_count", "--rate-limit-resource=conformance_slot:1",
         # Loopback only (metrics follows the HTTP address); kserve-ascend, like KServe, binds every interface.
         "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", timeout=READY_TIMEOUT_S,
     )  # fmt: skip

@@ -11,6 +11,7 @@ import requests
 import yaml
 
 from conformance import harness
+from conformance.serve import KSERVE_ASCEND_FLAGS
 from conftest import ROOT, Server, free_port, start_server, stop_server, wait_for
 
 MODELS = ROOT / "conformance" / "models"
@@ -75,10 +76,7 @@ def test_suite_passes_on_kserve_ascend_with_no_deviation(report):
 
 def test_suite_passes_on_kserve_ascend_with_two_workers(tmp_path, report):
     """An engine with two frontends (`--workers 2`) that the suite's connections spread over."""
-    server = start_server(
-        MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "*",
-        "--cache_config", f"local,size={harness.CACHE_SIZE}", workers=2,
-    )
+    server = start_server(MODELS, tmp_path / "server.log", *KSERVE_ASCEND_FLAGS, workers=2)
     try:
         result = run_suite(server, "kserve-ascend --workers 2", report)
     finally:

@@ -31,7 +31,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: What a snippet may need that this machine (and CI) lacks.
 NEEDS = ("an Ascend host", "a Kubernetes cluster", "a Docker engine", "github.com", "an S3 bucket", "minutes")
 #: Where each kind of server answers, by what its block's commands say: (port, scheme).
-SERVER_PORTS = {"triton": (8000, "http"), "ssl_certfile": (8443, "https"), "": (8080, "http")}
+SERVER_PORTS = {"make triton": (8000, "http"), "ssl_certfile": (8443, "https"), "": (8080, "http")}
 #: The fixed ports the pages use: each must be free before a page runs.
 PAGE_PORTS = (8080, 8081, 9090, 8000, 8001, 8002, 8443)
 

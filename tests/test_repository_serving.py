@@ -28,8 +28,8 @@ BROKEN = {
     ),
     "no_versions": lambda d: shutil.rmtree(d / "1"),
     "om_without_acl": lambda d: (d / "1" / "model.onnx").rename(d / "1" / "model.om"),
-    "decoupled": lambda d: (d / "config.pbtxt").write_text(
-        (d / "config.pbtxt").read_text() + "model_transaction_policy { decoupled: true }\n"
+    "decoupled_sequence": lambda d: (d / "config.pbtxt").write_text(
+        (d / "config.pbtxt").read_text() + "model_transaction_policy { decoupled: true }\nsequence_batching { }\n"
     ),
 }
 REASONS = {
@@ -39,7 +39,7 @@ REASONS = {
     "wrong_tensor": "config.pbtxt declares 'OUTPUT9'",
     "no_versions": "no version directory",
     "om_without_acl": "pyACL",
-    "decoupled": "model_transaction_policy.decoupled is not supported",
+    "decoupled_sequence": "model_transaction_policy.decoupled is not supported with sequence_batching",
 }
 
 

@@ -17,7 +17,7 @@ from conftest import ROOT, copy_model, executions_by_batch_size, infer, scrape, 
 
 MODELS = (
     "sim", "simple", "yolov8n", "yolov8n_detect", "yolov8_preprocess", "yolov8_postprocess",
-    "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence", "sequence_accumulator",
+    "simple_sequence", "simple_dyna_sequence", "simple_string_dyna_sequence", "sequence_accumulator", "repeat_int32",
 )
 
 

@@ -60,6 +60,7 @@ EXAMPLES = [
     ("grpc_explicit_byte_content_client.py", "grpc", [], ["simple_string"], "PASS: explicit string"),
     ("reuse_infer_objects_client.py", "http", ["-i", "http"], ["simple"], "END"),
     ("reuse_infer_objects_client.py", "grpc", ["-i", "grpc"], ["simple"], "END"),
+    ("simple_grpc_custom_repeat.py", "grpc", [], ["repeat_int32"], "PASS: Decoupled API"),
 ]
 TIMEOUT_S = 120
 

@@ -12,9 +12,9 @@ from .errors import InvalidInput, ModelLoadError
 CONFIG_FILE = "config.pbtxt"
 #: Looked for in this order in a version directory when config.pbtxt names no file.
 DEFAULT_FILENAMES = ("model.onnx", "model.om", "model.sim")
-#: Runtimes of the core's own processing code (runtimes/yolo.py): they load no file, so a version
+#: Runtimes of the core's own code (runtimes/yolo.py, runtimes/repeat.py): they load no file, so a version
 #: of their model is its directory, which both servers require to exist, and nothing in it.
-PROCESSING_RUNTIMES = frozenset({"yolov8_preprocess", "yolov8_postprocess"})
+PROCESSING_RUNTIMES = frozenset({"yolov8_preprocess", "yolov8_postprocess", "repeat"})
 
 
 def read_config(model_dir: Path) -> mc.ModelConfig:
@@ -52,10 +52,12 @@ def check_supported(config: mc.ModelConfig) -> None:
                 f"Response Cache does not currently support model {config.name} with 'decoupled' transaction policy."
                 " Please disable the response cache."
             )
-    if config.model_transaction_policy.decoupled:
+    # A decoupled model answers a request with zero or more responses (scheduling.decoupled), one request per
+    # execution: neither the sequence batcher nor an ensemble's steps take a stream of responses.
+    if config.model_transaction_policy.decoupled and config.HasField("sequence_batching"):
         raise ModelLoadError(
-            "model_transaction_policy.decoupled is not supported: the ascend backend answers every request"
-            " with exactly one response"
+            "model_transaction_policy.decoupled is not supported with sequence_batching: a decoupled model"
+            " answers each request on its own"
         )
 
 
@@ -136,7 +138,12 @@ def group_devices(group: mc.ModelInstanceGroup, devices: list[int]) -> list[int]
 
 
 def device_placement(config: mc.ModelConfig) -> list[int]:
-    """Device id of every instance to create, in order.
+    """Device id of every instance to create, in order (see `instance_placement`)."""
+    return [device for device, _ in instance_placement(config)]
+
+
+def instance_placement(config: mc.ModelConfig) -> list[tuple[int, mc.ModelInstanceGroup]]:
+    """Every instance to create, in order: its device id and its group.
 
     A group with NPUs (`group_devices`: its `gpus`, or KIND_GPU's default of every NPU in
     `device_ids`) places `count` instances on each of them, as Triton places a KIND_GPU group;
@@ -144,14 +151,14 @@ def device_placement(config: mc.ModelConfig) -> list[int]:
     round-robin over `device_ids`, continuing across groups.
     """
     devices = model_devices(config)
-    placement: list[int] = []
+    placement: list[tuple[int, mc.ModelInstanceGroup]] = []
     for group in config.instance_group or [mc.ModelInstanceGroup(count=1)]:
         count = group.count or 1
         if on := group_devices(group, devices):
-            placement.extend(device for device in on for _ in range(count))
+            placement.extend((device, group) for device in on for _ in range(count))
         else:
             start = len(placement)  # round-robin continues across groups
-            placement.extend([devices[(start + i) % len(devices)] for i in range(count)])
+            placement.extend((devices[(start + i) % len(devices)], group) for i in range(count))
     return placement
 
 

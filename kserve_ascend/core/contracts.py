@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -20,7 +20,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .cache import ResponseCache
-from .errors import InvalidInput, ModelNotReady
+from .errors import InternalError, InvalidInput, ModelNotReady
 from .scheduling.sequences import SequenceRequest
 from .signature import Signature
 from .stats import RequestTiming, VersionStats, now_ns
@@ -28,6 +28,11 @@ from .stats import RequestTiming, VersionStats, now_ns
 log = logging.getLogger(__name__)
 
 Tensors = Mapping[str, np.ndarray]
+#: A decoupled model's answer to one request (config `model_transaction_policy { decoupled: true }`): each
+#: response's outputs as the model produces them, zero or more; the iterator's end is the final flag, which
+#: comes alone (without outputs). Closing it early (`aclose`: the client cancelled) stops the model producing.
+#: The one shape of a stream of responses in every layer: scheduler, served version, data plane, edges.
+Responses = AsyncIterator[dict[str, np.ndarray]]
 
 
 class RequestOptions:
@@ -129,6 +134,10 @@ class RequestScheduler(ABC):
     async def submit(self, request: Request) -> dict[str, np.ndarray]:
         """Resolves with the request's outputs (at least those asked for), or raises its error."""
 
+    def stream(self, request: Request) -> Responses:
+        """A decoupled model's scheduler only (`scheduling.decoupled`): the request's responses."""
+        raise InternalError("this model answers every request with one response: it has no stream of responses")
+
     @property
     @abstractmethod
     def health(self) -> list[str]:
@@ -204,6 +213,8 @@ class ServedVersion(ABC):
     #: and what this version's keys in it start with (`ResponseCache.scope`).
     cache: ResponseCache | None = None
     cache_scope: bytes = b""
+    #: Whether it answers a request with a stream of responses (`stream`) rather than one (`infer`).
+    decoupled: bool = False
 
     async def infer(
         self, inputs: Tensors, outputs: Collection[str], options: RequestOptions, timing: RequestTiming
@@ -244,6 +255,16 @@ class ServedVersion(ABC):
         if cache.insert(key, answer):
             timing.cache_missed(lookup_end - lookup_start + now_ns() - insert_start)
         return answer
+
+    def stream(self, inputs: Tensors, outputs: Collection[str], options: RequestOptions, timing: RequestTiming) -> Responses:
+        """A decoupled version's answer to one request: its responses, each with the outputs asked for (all of them
+        when `outputs` is empty). Checked as `infer` checks it, at once: a malformed request raises here, before
+        any response; what fails later (in the model) raises from the iterator. The request is recorded in the
+        statistics once the iterator ends."""
+        if outputs:
+            self.signature.check_outputs(outputs)
+        rows, inputs = self.accept(inputs, options)
+        return self.scheduler.stream(Request(inputs, rows, outputs, options, timing))
 
     def accept(self, inputs: Tensors, options: RequestOptions) -> tuple[int, Tensors]:
         """The request's batch size and what its scheduler takes of it; InvalidInput if it does not fit the model."""
@@ -307,5 +328,5 @@ class ServedVersion(ABC):
 
 
 __all__ = [
-    "InstanceHealth", "Request", "RequestOptions", "RequestScheduler", "ServedVersion", "Tensors", "VersionHealth",
+    "InstanceHealth", "Request", "RequestOptions", "RequestScheduler", "Responses", "ServedVersion", "Tensors", "VersionHealth",
 ]

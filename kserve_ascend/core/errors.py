@@ -25,6 +25,11 @@ class Unavailable(AscendError):
     """The request cannot be served now: its queue is full or it timed out waiting (retry later)."""
 
 
+class Unsupported(AscendError):
+    """The server does not do what the request asks, on purpose (Triton's UNSUPPORTED: 501 / UNIMPLEMENTED): e.g.
+    a decoupled model asked for one answer, as Triton refuses it on its unary routes."""
+
+
 class ModelLoadError(AscendError):
     """A model could not be loaded: bad config, missing or corrupt file, missing runtime."""
 

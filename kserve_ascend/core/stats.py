@@ -82,6 +82,7 @@ class RequestTiming:
 
     __slots__ = (
         "answer_start", "cache_hit_ns", "cache_miss_ns", "cached", "enqueued", "execution", "load_wait_ns", "start", "stats",
+        "trace",
     )
 
     def __init__(self, start: int | None = None) -> None:
@@ -96,6 +97,8 @@ class RequestTiming:
         self.cache_miss_ns: int | None = None
         #: How long it waited for its model to load (on demand): queue time, not compute.
         self.load_wait_ns = 0
+        #: The request's trace, if the trace extension samples it: ended with what is recorded here.
+        self.trace = None
 
     def queued(self, stats: VersionStats) -> None:
         """A scheduler took the request: from now on it is counted, in `stats`."""
@@ -133,13 +136,18 @@ class RequestTiming:
             stats.record_success(self, end, end - self.answer_start if answer_ns is None else answer_ns)
         else:
             stats.record_failure(end - self.start, "OTHER")
+        if self.trace is not None:
+            self.trace.end(self, end)
 
     def failed(self, reason: str) -> None:
         """The request failed once queued, for `reason` (Triton's: REJECTED, CANCELED, BACKEND, OTHER)."""
         stats = self.stats
         if stats is not None:
             self.stats = None
-            stats.record_failure(now_ns() - self.start, reason)
+            end = now_ns()
+            stats.record_failure(end - self.start, reason)
+            if self.trace is not None:
+                self.trace.end(self, end)
 
 
 @dataclass
@@ -247,7 +255,9 @@ class VersionStats:
                 "cache_hit": self.cache_hit.as_dict(),
                 "cache_miss": self.cache_miss.as_dict(),
             },
-            # Per-response figures are for decoupled models, which this server has none of: Triton answers {}.
+            # Per-response figures: a backend reports them itself (TRITONBACKEND_ModelInstanceReportResponseStatistics),
+            # which neither Triton's python backend nor its repeat backend does: Triton 2.51 answers {} for decoupled
+            # models served by the `ascend` backend too (measured), and so does this server (scheduling.decoupled).
             "response_stats": {},
             "batch_stats": [{"batch_size": size, **batch.as_dict()} for size, batch in sorted(self.batches.items())],
             # Memory a backend reports having allocated for the model: none is, as Triton's python backend

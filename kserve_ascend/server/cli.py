@@ -21,10 +21,11 @@ from ..core.cache import ResponseCache
 from ..core.execution.runtimes.acl_process import device_memory
 from ..core.models.memory import RESERVE_MB, Ledger
 from ..core.models.repository import Repository
+from ..core.scheduling.rate_limiter import RateLimiter, parse_resource
 from . import kserve_seam
 from .edges import rest
 from .edges.auth import Authenticator
-from .observability import logs
+from .observability import logs, traces
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
         "fails with 503 (Triton's --exit-timeout-secs). Keep it below the pod's terminationGracePeriodSeconds "
         "(Kubernetes' default 30) minus its preStop delay.",
     )
-    parser.add_argument("--log_format", choices=("text", "json"), default="text", help="json: one JSON object per log line.")
+    parser.add_argument(
+        "--log_format",
+        type=lambda value: "default" if value == "text" else value,  # `text`: its name before the logging extension
+        choices=logs.LOG_FORMATS,
+        default="default",
+        help="default: KServe's lines; ISO8601: the same with the time in ISO 8601 UTC; json: one JSON object per line. "
+        "Changed at run time by POST /v2/logging (Triton's logging extension), as are the levels written.",
+    )
     parser.add_argument(
         "--enable_access_log",
         action="store_true",
@@ -139,6 +147,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     security.add_argument("--auth_jwt_issuer", help="The 'iss' an accepted JWT must carry.")
     security.add_argument("--auth_jwt_audience", help="The 'aud' an accepted JWT must carry.")
+    limiter = parser.add_argument_group(
+        "rate limiter",
+        "Triton's: with execution_count, a model instance executes only when the resources its instance_group's "
+        "rate_limiter names are free (per NPU, or across the server if global), in turn by priority.",
+    )
+    limiter.add_argument(
+        "--rate_limit",
+        type=str.lower,
+        choices=("execution_count", "off"),
+        default="off",
+        help="Triton's --rate-limit: execution_count, or off (the default: rate_limiter configs are ignored).",
+    )
+    limiter.add_argument(
+        "--rate_limit_resource",
+        type=rate_limit_resource,
+        action="append",
+        default=[],
+        metavar="NAME:COUNT[:DEVICE]",
+        help="Triton's --rate-limit-resource (repeatable): COUNT of resource NAME on NPU DEVICE (every NPU if none; "
+        "the largest count given for a global resource). Given any, a resource none names counts 0; given none, "
+        "each counts the most any instance needs.",
+    )
     parser.add_argument(
         "--cache_config",
         action="append",
@@ -151,9 +181,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--enable_tracing",
         action="store_true",
-        help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment).",
+        help="OpenTelemetry spans of queue, batch and execution (exporter from the OTEL_* environment): "
+        "--trace_config mode=opentelemetry with level TIMESTAMPS unless --trace_config gives one.",
     )
+    traces.add_flag(parser)
     return parser
+
+
+def rate_limit_resource(value: str) -> tuple[str, int, int]:
+    try:
+        return parse_resource(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def rate_limiter(args: argparse.Namespace) -> RateLimiter | None:
+    """The server's rate limiter, which the engine's repository shares among every model (None: --rate_limit off)."""
+    return RateLimiter(args.rate_limit_resource) if args.rate_limit == "execution_count" else None
 
 
 def positive_seconds(value: str) -> float:
@@ -171,10 +215,12 @@ def positive_megabytes(value: str) -> float:
 
 
 def repository(args: argparse.Namespace) -> Repository:
-    """The model repository the flags describe, with its memory budget and loading on demand."""
+    """The model repository the flags describe: its response cache, rate limiter, memory budget and loading on demand."""
     ledger = Ledger(args.memory_budget_mb, device_memory)
     pinned = [name for name in args.load_model if name != "*"]
-    return Repository(Path(args.model_dir), response_cache(args), ledger, args.load_on_demand, pinned)
+    return Repository(
+        Path(args.model_dir), response_cache(args), rate_limiter(args), ledger, load_on_demand=args.load_on_demand, pinned=pinned
+    )
 
 
 def byte_count(value: str) -> int:
@@ -212,6 +258,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--ssl_certfile and --ssl_keyfile go together: they secure the REST and the gRPC port")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    try:
+        traces.manager_of(args.trace_config, args.enable_tracing)
+    except ValueError as error:
+        parser.error(str(error))
     if args.workers > 1 and not (hasattr(os, "memfd_create") and hasattr(socket, "SO_REUSEPORT")):
         parser.error("--workers N > 1 needs Linux: its frontends share memfd shared memory and SO_REUSEPORT ports")
     try:
@@ -269,11 +319,15 @@ def kserve_options(args: argparse.Namespace) -> dict:
     )
 
 
-def configure_process(args: argparse.Namespace) -> None:
-    """Logging and tracing as the flags ask, in the one process, the engine and every frontend."""
+def configure_process(args: argparse.Namespace) -> traces.TraceManager:
+    """Logging and tracing as the flags ask, in the one process, the engine and every frontend; the trace settings
+    (what the process serving the models keeps)."""
     _log_like_kserve(args.log_format, args.enable_access_log)
-    if args.enable_tracing:
-        tracing.enable()
+    trace_manager = traces.manager_of(args.trace_config, args.enable_tracing)
+    if trace_manager.mode == "opentelemetry":
+        tracing.enable()  # the exporter, set up once: the trace level switches the spans on and off
+        tracing.enabled = trace_manager.spans_on
+    return trace_manager
 
 
 def run_event_loop(args: argparse.Namespace, main: Coroutine) -> None:

@@ -17,6 +17,7 @@ from .dataplane.local import LocalDataPlane
 from .lifecycle import STOP_SIGNALS, Lifecycle
 from .model_server import AscendModelServer
 from .observability import metrics
+from .observability.traces import TraceManager
 from .workers.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,12 @@ def main(argv: list[str] | None = None) -> None:
     # KServe's HTTP port for these flags (with TLS its default moves to 8443); asking also sets up its logging.
     http_port = kserve_seam.http_port(args.http_port, args.ssl_certfile, args.ssl_keyfile)
     check_ports(args, http_port)
-    cli.configure_process(args)
+    trace_manager = cli.configure_process(args)
     cli.warn_ignored(args)
     if args.workers > 1:
-        Engine(args, repository, http_port).run()
+        Engine(args, repository, http_port, trace_manager).run()
     else:
-        serve_one_process(args, repository)
+        serve_one_process(args, repository, trace_manager)
 
 
 def check_ports(args: argparse.Namespace, http_port: int) -> None:
@@ -54,10 +55,10 @@ def lifecycle_of(args: argparse.Namespace, dataplane: LocalDataPlane) -> Lifecyc
     return Lifecycle(dataplane, args.model_control_mode, args.load_model, args.shutdown_timeout_s)
 
 
-def serve_one_process(args: argparse.Namespace, repository: Repository) -> None:
+def serve_one_process(args: argparse.Namespace, repository: Repository, trace_manager: TraceManager) -> None:
     """The models and both edges in this process, until a stop signal has drained them."""
     metrics.register(repository, args.metrics_port)
-    dataplane = LocalDataPlane(repository, args.model_control_mode == "explicit", REGISTRY)
+    dataplane = LocalDataPlane(repository, args.model_control_mode == "explicit", REGISTRY, trace_manager)
     lifecycle = lifecycle_of(args, dataplane)
     server = AscendModelServer(dataplane, cli.edge_settings(args), **cli.kserve_options(args))
     cli.run_event_loop(args, _serve(server, lifecycle))

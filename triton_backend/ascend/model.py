@@ -9,6 +9,7 @@ file only translates between Triton's requests and the core's `Instance`.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,9 @@ class TritonPythonModel:
         """
         config = _as_triton_hands_them(_model_config(args["model_config"]))
         self.outputs = [tensor.name for tensor in config.output]
+        # Answers each request with a stream of responses through its response sender (python_backend's
+        # decoupled mode), as the KServe server does (scheduling.decoupled).
+        self.decoupled = config.model_transaction_policy.decoupled
         device_id = _instance_device(config, args)
         name = args["model_instance_name"]
         loaded = loading.load_instances(
@@ -134,30 +138,42 @@ class TritonPythonModel:
         self.padding = self.padding_family.Metric(labels={"model": args["model_name"], "version": args["model_version"]})
         heap.settle(f"{name} loaded")  # the stub is this instance's own process
 
-    def execute(self, requests: list) -> list:
-        """Runs the requests Triton's batcher gathered as one batch; a bad request fails alone."""
+    def _accepted(self, request) -> dict:
+        """The request's inputs as the instance takes them; InvalidInput if they do not fit the model."""
+        inputs = {}
+        for name in self.signature.inputs:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs[name] = tensor.as_numpy()
+        if self.states is not None:
+            inputs.update(self.states.inputs(request.correlation_id(), request.flags()))
+        parameters = json.loads(request.parameters() or "{}") if self.prepare_request is not None else {}
+        return loading.accept(self.signature, self.prepare_request, inputs, parameters)[1]
+
+    def _wanted(self, request) -> list[str]:
+        # Triton's order is the order the backend returns them in. The stub gives the requested names
+        # as a set (python_backend src/infer_request.cc: std::set), so the config's order it is.
+        requested = request.requested_output_names()
+        return [n for n in self.outputs if n in requested] if requested else self.outputs
+
+    def execute(self, requests: list) -> list | None:
+        """Runs the requests Triton's batcher gathered as one batch; a bad request fails alone. A decoupled
+        model answers each through its response sender instead (and returns None, as python_backend requires)."""
+        if self.decoupled:
+            for request in requests:
+                self._stream(request)
+            return None
         responses: list = [None] * len(requests)
         batch, positions, wanted = [], [], []
         for position, request in enumerate(requests):
             try:
-                inputs = {}
-                for name in self.signature.inputs:
-                    tensor = pb_utils.get_input_tensor_by_name(request, name)
-                    if tensor is not None:
-                        inputs[name] = tensor.as_numpy()
-                if self.states is not None:
-                    inputs.update(self.states.inputs(request.correlation_id(), request.flags()))
-                parameters = json.loads(request.parameters() or "{}") if self.prepare_request is not None else {}
-                _, inputs = loading.accept(self.signature, self.prepare_request, inputs, parameters)
+                inputs = self._accepted(request)
             except InvalidInput as error:
                 responses[position] = _error(error, pb_utils.TritonError.INVALID_ARG)
                 continue
             batch.append(inputs)
             positions.append(position)
-            # Triton's order is the order the backend returns them in. The stub gives the requested names
-            # as a set (python_backend src/infer_request.cc: std::set), so the config's order it is.
-            requested = request.requested_output_names()
-            wanted.append([n for n in self.outputs if n in requested] if requested else self.outputs)
+            wanted.append(self._wanted(request))
         if batch:
             padded = self.instance.padding_rows
             try:
@@ -178,10 +194,41 @@ class TritonPythonModel:
                     responses[position] = pb_utils.InferenceResponse(output_tensors=tensors)
         return responses
 
+    def _stream(self, request) -> None:
+        """A decoupled model's request: each response sent as the runtime yields it, then the final flag alone, as
+        Triton's repeat backend sends them (an error: one response with the final flag). Once the client has
+        cancelled (`is_cancelled`, asked every CANCEL_POLL_S while the runtime works), it stops producing."""
+        sender = request.get_response_sender()
+        stop = threading.Event()
+        threading.Thread(target=_watch_cancellation, args=(sender, stop), daemon=True).start()
+        try:
+            names = self._wanted(request)
+            for outputs in self.instance.responses(self._accepted(request), stop):
+                if stop.is_set():  # cancelled
+                    break
+                sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(outputs[n])) for n in names]))
+        except AscendError as error:
+            code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidInput) else pb_utils.TritonError.INTERNAL
+            sender.send(_error(error, code), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        finally:
+            stop.set()
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
     def finalize(self) -> None:
         """Releases the device."""
         self.instance.runtime.close()
         del self.padding  # before its family
+
+
+#: How often a decoupled request asks whether its client cancelled (python_backend tells only when asked).
+CANCEL_POLL_S = 0.1
+
+
+def _watch_cancellation(sender, stop: threading.Event) -> None:
+    while not stop.wait(CANCEL_POLL_S):
+        if sender.is_cancelled():
+            stop.set()
 
 
 def _error(error: Exception, code) -> pb_utils.InferenceResponse:

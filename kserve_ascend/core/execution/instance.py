@@ -6,7 +6,8 @@ checks here decide, at load, whether a config and a model file agree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -202,6 +203,15 @@ class Instance:
         if execution is not None:
             execution.input_ns, execution.output_ns = input_ns, output_ns
         return results
+
+    def responses(self, inputs: Mapping[str, np.ndarray], stop: threading.Event) -> Iterator[dict[str, np.ndarray]]:
+        """One request of a decoupled model as an execution of its own: each response's outputs in the config's
+        datatypes and shapes, as the runtime yields them (`Runtime.responses`); `stop` ends them early."""
+        rows = self._rows(inputs) if self._batching else 1
+        converted = self._shaped(self._convert(inputs, self._input_dtypes), self._reshape_in, rows)
+        for outputs in self.runtime.responses(converted, self._output_names, stop):
+            self._check_outputs(outputs, rows)
+            yield self._convert(self._shaped(outputs, self._reshape_out, rows), self._output_dtypes)
 
     def _run(self, inputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
         outputs = self.runtime.run(self._shaped(inputs, self._reshape_in, rows), self._output_names)

@@ -14,6 +14,7 @@ from .. import config as cfg
 from ..cache import ResponseCache
 from ..contracts import ServedVersion
 from ..errors import ModelLoadError, ModelNotFound, ModelNotReady
+from ..scheduling.rate_limiter import RateLimiter
 from . import ensemble
 from .version import ModelVersion
 
@@ -43,6 +44,7 @@ class Model:
         models: Callable[[str], Model] | None = None,
         on_unavailable: Callable[[], None] = lambda: None,
         cache: ResponseCache | None = None,
+        rate_limiter: RateLimiter | None = None,
     ):
         self.name = name
         self.model_dir = model_dir
@@ -52,6 +54,8 @@ class Model:
         self.on_unavailable = on_unavailable
         #: The server's response cache: versions use it when their config enables it (`response_cache`).
         self.cache = cache
+        #: The server's rate limiter, which its versions' instances go through (None: --rate_limit off).
+        self.rate_limiter = rate_limiter
         self.config = mc.ModelConfig(name=name)
         self.versions: dict[int, ServedVersion] = {}
         self.weights: dict[int, float] = {}
@@ -139,7 +143,7 @@ class Model:
                 raise ModelLoadError("an ensemble is served from a repository, which runs its steps")
             models = self.models
             return ensemble.EnsembleVersion.load(config, self.model_dir, version, lambda name, v: models(name).version(v))
-        return ModelVersion.load(config, self.model_dir, version)
+        return ModelVersion.load(config, self.model_dir, version, self.rate_limiter)
 
     def _unavailable(self, version: ServedVersion, reason: str) -> None:
         """A served version has no instance left in rotation: the model is not ready until reloaded."""

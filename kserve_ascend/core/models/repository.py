@@ -39,6 +39,7 @@ from ..contracts import ServedVersion
 from ..errors import AscendError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
 from ..execution.loading import file_stamp
 from ..execution.runtimes import parameter
+from ..scheduling.rate_limiter import RateLimiter
 from . import ensemble, memory
 from .model import Model
 
@@ -53,10 +54,15 @@ RETRY_MAX_S = 60.0
 
 
 class Repository:
+    """`cache`, `rate_limiter`: the server's response cache (`--cache_config`) and rate limiter (`--rate_limit
+    execution_count`), shared by every model (None: none); `ledger`: what the devices hold and may hold
+    (`--memory_budget_mb`); `load_on_demand`, `pinned`: `--load_on_demand` and the models it never unloads."""
+
     def __init__(
         self,
         root: Path | str,
         cache: ResponseCache | None = None,
+        rate_limiter: RateLimiter | None = None,
         ledger: memory.Ledger | None = None,
         load_on_demand: bool = False,
         pinned: Iterable[str] = (),
@@ -71,6 +77,7 @@ class Repository:
         #: Called (on the event loop) whenever what the repository serves changed: a model loaded, unloaded, removed
         #: or unavailable (the engine of `--workers N` tells its frontends, which cache models' metadata).
         self.on_change: Callable[[], None] = lambda: None
+        self.rate_limiter = rate_limiter
         self.models: dict[str, Model] = {name: self._model(name, path) for name, path in self._directories().items()}
         self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         #: ensemble -> the models its steps run, as its config said when last loaded
@@ -94,7 +101,7 @@ class Repository:
         self._admission = asyncio.Lock()
 
     def _model(self, name: str, path: Path) -> Model:
-        return Model(name, path, self.get, lambda: self.on_change(), self.cache)
+        return Model(name, path, self.get, lambda: self.on_change(), self.cache, self.rate_limiter)
 
     def _directories(self) -> dict[str, Path]:
         return {

@@ -26,7 +26,9 @@ from ..execution.loading import LoadedInstances
 from ..execution.runtimes import parameter
 from ..execution.threads import InstanceThread
 from ..scheduling.batcher import DynamicBatcher
+from ..scheduling.decoupled import StreamScheduler
 from ..scheduling.queue import BatchQueue
+from ..scheduling.rate_limiter import Gate, RateLimiter
 from ..scheduling.sequencer import SequenceScheduler
 from ..signature import Signature
 from ..stats import VersionStats
@@ -36,7 +38,10 @@ log = logging.getLogger(__name__)
 
 
 class ModelVersion(ServedVersion):
-    def __init__(self, config: mc.ModelConfig, version: int, loaded: LoadedInstances, source: bytes, labels: classification.Labels):
+    def __init__(
+        self, config: mc.ModelConfig, version: int, loaded: LoadedInstances, source: bytes, labels: classification.Labels,
+        gates: list[Gate] | None = None,
+    ):
         self.name = config.name
         self.version = version
         self.config = config
@@ -51,6 +56,8 @@ class ModelVersion(ServedVersion):
         self.warmup_ms: float | None = None
         self.execution_timeout_s = cfg.execution_timeout_s(config)
         self.threads = [InstanceThread(f"{self.name}-v{version}-dev{i.runtime.device_id}") for i in self.instances]
+        #: Per instance, its way through the server's rate limiter (None: not limited).
+        self.gates = gates
         self.stats = VersionStats()
         configured = memory.configured_bytes(config)
         self.instance_memory = loaded.memory if configured is None else [configured] * len(self.instances)
@@ -58,32 +65,49 @@ class ModelVersion(ServedVersion):
         for instance, size in zip(self.instances, self.instance_memory):
             device = instance.runtime.device_id
             self.memory[device] = self.memory.get(device, 0) + size
+        self.decoupled = config.model_transaction_policy.decoupled
         self.scheduler = self._scheduler(loaded)
 
     def _scheduler(self, loaded: LoadedInstances) -> RequestScheduler:
+        if self.decoupled:
+            return StreamScheduler([instance.responses for instance in self.instances], self.threads, self.stats)
         runners = [instance.run_batch for instance in self.instances]
         spans = [tracing.instance_attributes(self.name, self.version, i.runtime.device_id) for i in self.instances]
         if loaded.sequences is not None:
             return SequenceScheduler(
                 loaded.sequences, list(self.signature.outputs), runners, self.threads, self.stats, spans,
-                self.execution_timeout_s, self._instance_lost,
+                self.execution_timeout_s, self._instance_lost, self.gates or (),
             )
         config = self.config
         dynamic = config.dynamic_batching if config.HasField("dynamic_batching") else None
         queue = BatchQueue(config.max_batch_size, dynamic, _latency_target_ms(config))
-        return DynamicBatcher(runners, self.threads, queue, self.stats, spans, self.execution_timeout_s, self._instance_lost)
+        return DynamicBatcher(
+            runners, self.threads, queue, self.stats, spans, self.execution_timeout_s, self._instance_lost, self.gates or ()
+        )
 
     @classmethod
-    def load(cls, config: mc.ModelConfig, model_dir: Path, version: int) -> ModelVersion:
-        """Loads one version's file on every device of its placement and warms it up; the config may be completed."""
+    def load(cls, config: mc.ModelConfig, model_dir: Path, version: int, rate_limiter: RateLimiter | None = None) -> ModelVersion:
+        """Loads one version's file on every device of its placement and warms it up; the config may be completed.
+
+        With a `rate_limiter`, its instances register there first (refused if the server lacks their resources).
+        """
         source = config.SerializeToString(deterministic=True)
         labels = classification.read_labels(config, model_dir)
         _latency_target_ms(config)  # refused before anything is loaded
-        loaded = loading.load_instances(config, model_dir, version, cfg.device_placement(config))
+        placement = cfg.instance_placement(config)
+        gates = rate_limiter.register([(device, group.rate_limiter) for device, group in placement]) if rate_limiter else None
         try:
-            served = cls(config, version, loaded, source, labels)
+            loaded = loading.load_instances(config, model_dir, version, [device for device, _ in placement])
+        except BaseException:
+            if gates:
+                rate_limiter.unregister(gates)
+            raise
+        try:
+            served = cls(config, version, loaded, source, labels, gates)
         except BaseException:
             loaded.close()
+            if gates:
+                rate_limiter.unregister(gates)
             raise
         try:
             served.warm_up(loaded.samples)
@@ -189,7 +213,10 @@ class ModelVersion(ServedVersion):
 
     def release(self) -> None:
         """Closes each runtime on its thread after the batch it may be running; an instance stuck in a
-        device call is not waited for (its runtime closes if the call ever returns)."""
+        device call is not waited for (its runtime closes if the call ever returns). First the instances
+        leave the rate limiter: what they hold goes to the others, one still waiting there goes on."""
+        if self.gates:
+            self.gates[0].limiter.unregister(self.gates)
         for instance, thread in zip(self.instances, self.threads):
             closing = thread.submit(instance.runtime.close)
             if not thread.abandoned:

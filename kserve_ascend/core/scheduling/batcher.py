@@ -21,6 +21,10 @@ request, while answering a batch fails that batch. A caller that goes away (its 
 cancelled) leaves the queue at once, counted CANCELED; in a running batch, its answer is
 dropped.
 
+Rate limiter (`--rate_limit execution_count`): an instance given a `rate_limiter.Gate` holds it
+around each execution, acquired on its own thread after forming the batch (until then the batch's
+requests count as queued, and their queue time goes on); without one, nothing is asked.
+
 Device health: an execution that outlives the execution timeout, or fails with a fatal
 `DeviceError` (a context the device poisoned), takes its instance out of rotation: it is
 never handed another batch, and the other instances go on. With none left, queued and new
@@ -46,6 +50,7 @@ from ..contracts import Request, RequestScheduler
 from ..errors import AscendError, DeviceError, InternalError, ModelNotReady, Unavailable
 from ..stats import Execution, VersionStats, now_ns
 from .queue import Pending
+from .rate_limiter import Gate
 
 #: Runs one batch: the requests' inputs in, their outputs out (same order); notes its input and output
 #: phases in the Execution it is handed.
@@ -92,6 +97,7 @@ class DynamicBatcher(RequestScheduler):
     `span_attributes`: per instance, what its `execute` spans say (model, version, device).
     `execution_timeout_s`: how long one execution may take (None: no limit).
     `on_instance_lost`: told when an instance leaves rotation.
+    `gates`: per instance, its way through the server's rate limiter (none: not limited).
     """
 
     def __init__(
@@ -103,12 +109,14 @@ class DynamicBatcher(RequestScheduler):
         span_attributes: Sequence[Mapping[str, object]] = (),
         execution_timeout_s: float | None = None,
         on_instance_lost: InstanceLost | None = None,
+        gates: Sequence[Gate | None] = (),
     ):
         super().__init__()
         self.queue = queue
         self.stats = stats
         self._instances = list(zip(runners, executors, span_attributes or itertools.repeat({})))
         self._health = [""] * len(self._instances)
+        self._gates = list(gates) or [None] * len(self._instances)
         self.execution_timeout_s = execution_timeout_s
         self._on_instance_lost = on_instance_lost
         # Guards the queue and what follows (event loop and instance threads); instances wait on it for a batch to fill.
@@ -249,6 +257,7 @@ class DynamicBatcher(RequestScheduler):
 
     def _serve(self, index: int, forming: bool) -> None:
         runner, _, attributes = self._instances[index]
+        gate = self._gates[index]
         idle_since = time.monotonic()
         while True:
             with self._lock:
@@ -271,11 +280,18 @@ class DynamicBatcher(RequestScheduler):
                 if batch is None:
                     self._idle.append(index)
                     return
-                self._running[index] = running = _Running(batch, time.monotonic())
+                running = _Running(batch, time.monotonic())
+                if gate is None:
+                    self._running[index] = running
                 try:
                     self._hand_out()  # for requests left over
                 except Exception:
                     log.exception("instance %d: starting another instance failed; this one takes the requests left over next", index)
+            if gate is not None:
+                gate.acquire()  # its resources, in its turn (the batch waits as queued, outside the execution timeout)
+                with self._lock:
+                    running.start = time.monotonic()
+                    self._running[index] = running
             results = error = None
             execution = Execution(now_ns())
             try:
@@ -286,6 +302,9 @@ class DynamicBatcher(RequestScheduler):
                 error = caught
             except BaseException as caught:  # (SystemExit and the like: raised on the loop, they would stop the server)
                 error = InternalError(f"the execution raised {type(caught).__name__}: {caught}")
+            finally:
+                if gate is not None:
+                    gate.release()
             if error is None and (not isinstance(results, list) or len(results) != len(batch)):
                 count = len(results) if isinstance(results, list) else type(results).__name__
                 error = InternalError(f"the execution answered {count} results for a batch of {len(batch)} requests")
@@ -396,8 +415,12 @@ class DynamicBatcher(RequestScheduler):
                 pending.future.set_exception(error)
 
     def _take_out(self, index: int, reason: str, hung: bool) -> None:
-        """Never hands the instance another batch; with none left, fails what waits."""
+        """Never hands the instance another batch; with none left, fails what waits. It leaves the rate
+        limiter: what a hung execution holds there goes to the other instances."""
         self._health[index] = reason
+        gate = self._gates[index]
+        if gate is not None:
+            gate.limiter.unregister([gate])
         if not self.in_rotation:
             with self._lock:
                 waiting = self.queue.drain()

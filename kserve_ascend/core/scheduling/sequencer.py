@@ -40,6 +40,7 @@ from ..errors import InvalidInput, ModelNotReady, Unavailable
 from ..stats import Execution, VersionStats
 from .batcher import BatchRunner, DynamicBatcher, InstanceLost
 from .queue import BatchQueue, Pending
+from .rate_limiter import Gate
 from .sequences import CorrelationId, SequenceBatching, SequenceRequest, missing_start
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class SequenceScheduler(RequestScheduler):
         span_attributes: Sequence[Mapping[str, object]],
         execution_timeout_s: float | None = None,
         on_instance_lost: InstanceLost | None = None,
+        gates: Sequence[Gate | None] = (),
     ):
         super().__init__()
         self.sequences = sequences
@@ -177,7 +179,8 @@ class SequenceScheduler(RequestScheduler):
         self.stats = stats
         self._on_instance_lost = on_instance_lost
         self._schedulers: list[DynamicBatcher] = []
-        for index, (runner, executor, attributes) in enumerate(zip(runners, executors, span_attributes)):
+        gates = list(gates) or [None] * len(runners)
+        for index, (runner, executor, attributes, gate) in enumerate(zip(runners, executors, span_attributes, gates)):
             if sequences.oldest is not None:
                 dynamic = mc.ModelDynamicBatching(
                     max_queue_delay_microseconds=sequences.oldest.max_queue_delay_microseconds,
@@ -187,7 +190,9 @@ class SequenceScheduler(RequestScheduler):
             else:
                 queue, runner = SlotQueue(sequences.slots, sequences.direct), fill_slots(runner, sequences)
             lost = self._lost_callback(index)
-            self._schedulers.append(DynamicBatcher([runner], [executor], queue, stats, [attributes], execution_timeout_s, lost))
+            self._schedulers.append(
+                DynamicBatcher([runner], [executor], queue, stats, [attributes], execution_timeout_s, lost, [gate])
+            )
         self._free: list[Slot] = [(slot, i) for slot in range(sequences.slots) for i in range(len(self._schedulers))]
         heapq.heapify(self._free)
         self._active: dict[CorrelationId, _Sequence] = {}

@@ -12,7 +12,7 @@ statistics include the encoding). Nothing climbs back up from the data plane int
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, Mapping, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, ContextManager, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -21,11 +21,15 @@ from ...core.stats import now_ns
 
 SERVER_NAME = "kserve-ascend"
 #: Protocol extensions this server implements in full (listed in server metadata).
+#: In Triton 2.51's order, which declares cuda_shared_memory too (after system_shared_memory).
 EXTENSIONS = (
-    "binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics", "system_shared_memory",
-    "classification", "sequence", "model_repository(unload_dependents)", "schedule_policy",
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics", "trace", "logging",
 )
 SHUTTING_DOWN = "the server is shutting down"
+#: Triton's refusal of a decoupled model on a route that answers once, after the route's name ("HTTP end point",
+#: "ModelInfer RPC": server src/http_server.cc, src/grpc/infer_handler.cc).
+DECOUPLED_REFUSED = "doesn't support models with decoupled transaction policy"
 #: The one input of a raw binary request, by this name: its body's bytes (uint8), which the data plane
 #: shapes as the model's single input (`Signature.raw_input`), where the model is known.
 RAW_INPUT = ""
@@ -47,6 +51,8 @@ class InferRequest:
     classification: dict[str, int] = field(default_factory=dict)
     #: When the server began working on it (its body in, before decoding): its statistics start here.
     received_ns: int = field(default_factory=now_ns)
+    #: The protocol it came by, as Triton's traces name it: HTTP or GRPC.
+    protocol: str = "HTTP"
 
 
 @runtime_checkable
@@ -59,6 +65,20 @@ class InferResult(Protocol):
 
     def answering(self) -> ContextManager[None]:
         """Wraps making the answer: on leaving, the request is recorded, a success unless the block raised."""
+
+
+class ResponseStream(Protocol):
+    """A decoupled model's answer to one request (`DataPlane.stream`): each response's outputs as the model
+    produces them; the end of the iteration is the final flag. An error of the model raises from the iteration
+    (the request is answered). The request is recorded in the statistics when the iteration ends."""
+
+    model_name: str
+    model_version: int
+
+    def __aiter__(self) -> AsyncIterator[Mapping[str, np.ndarray]]: ...
+
+    async def aclose(self) -> None:
+        """Stops the model producing (the client cancelled the stream); safe after the end too."""
 
 
 class RegionViews(Protocol):
@@ -106,7 +126,11 @@ class DataPlane(Protocol):
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """The repository extension's unload; `unload_dependents`: also the step models loaded along with it."""
 
-    async def infer(self, request: InferRequest) -> InferResult: ...
+    async def infer(self, request: InferRequest) -> InferResult:
+        """Unsupported(DECOUPLED_REFUSED) for a decoupled model, whose answer is a `stream`."""
+
+    async def stream(self, request: InferRequest) -> ResponseStream:
+        """A decoupled model's responses to `request`; a malformed request raises here, before any response."""
 
     async def shm_status(self, name: str = "") -> list[dict[str, Any]]: ...
 
@@ -117,5 +141,16 @@ class DataPlane(Protocol):
     async def metrics(self) -> bytes:
         """The server's Prometheus metrics, in the text exposition format."""
 
+    async def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace extension: applies a client's `changes` to the global setting (`model` "") or a model's, then
+        answers the setting now (Triton's names; values are strings, the level a list)."""
 
-__all__ = ["DataPlane", "EXTENSIONS", "InferRequest", "InferResult", "RAW_INPUT", "RegionViews", "SERVER_NAME", "SHUTTING_DOWN"]
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The logging extension: applies a client's `changes` (Triton's names and types) in every process of the
+        server, then answers the settings now."""
+
+
+__all__ = [
+    "DECOUPLED_REFUSED", "DataPlane", "EXTENSIONS", "InferRequest", "InferResult", "RAW_INPUT", "RegionViews", "ResponseStream",
+    "SERVER_NAME", "SHUTTING_DOWN",
+]

@@ -15,13 +15,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ... import __version__
+from ...core import tracing
 from ...core.config import normalized, parse_version
-from ...core.contracts import RequestOptions, ServedVersion
-from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from ...core.contracts import RequestOptions, Responses, ServedVersion
+from ...core.errors import InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable, Unsupported
 from ...core.models import classification
 from ...core.models.repository import Repository
 from ...core.stats import RequestTiming, now_ns
-from . import EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
+from ..observability import logs, traces
+from . import DECOUPLED_REFUSED, EXTENSIONS, RAW_INPUT, SERVER_NAME, SHUTTING_DOWN, InferRequest
 from .shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
@@ -45,11 +47,28 @@ class Answer:
         self.timing.answered(kind is None)
 
 
+class Streamed:
+    """A decoupled model's responses to one request (`ResponseStream`)."""
+
+    __slots__ = ("model_name", "model_version", "_responses")
+
+    def __init__(self, served: ServedVersion, responses: Responses):
+        self.model_name, self.model_version, self._responses = served.name, served.version, responses
+
+    def __aiter__(self) -> Responses:
+        return self._responses
+
+    async def aclose(self) -> None:
+        await self._responses.aclose()
+
+
 class LocalDataPlane:
     """`DataPlane` over `repository`; `metrics_registry` is what `metrics` renders (the process's, or the engine's)."""
 
-    def __init__(self, repository: Repository, explicit_control: bool, metrics_registry: CollectorRegistry):
+    def __init__(self, repository: Repository, explicit_control: bool, metrics_registry: CollectorRegistry,
+                 trace_manager: traces.TraceManager | None = None):  # fmt: skip
         self.repository = repository
+        self.traces = trace_manager or traces.TraceManager()
         self.explicit_control = explicit_control  # whether clients may load and unload models
         self.metrics_registry = metrics_registry
         self.loaded = False  # set once the start-up load of the repository has finished
@@ -133,20 +152,27 @@ class LocalDataPlane:
         """Runs a decoded request; its answer, for the edge to encode inside `answering()`."""
         if self.stopping:  # no await from here to the scheduler: a request is refused here or drained
             raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
-        repository = self.repository
-        model = repository.get(request.model_name)
         options = RequestOptions.parse(request.parameters)
-        waited_ns = 0
-        if repository.load_on_demand and not model.ready:
-            waited_ns = await self._wait_for_load(request, options)
-        repository.touch(model.name)
-        served = model.version(request.model_version)
+        served, waited_ns = await self._served(request, options)
+        if served.decoupled:
+            raise Unsupported(DECOUPLED_REFUSED)
         inputs = request.inputs
         if RAW_INPUT in inputs:
             inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
         timing = RequestTiming(request.received_ns)
         timing.load_wait_ns = waited_ns
-        outputs = await served.infer(inputs, request.outputs, options, timing)
+        if self.traces.active:
+            timing.trace = self.traces.sample(request.model_name, request.id, request.protocol)
+            if timing.trace is not None:
+                timing.trace.inputs(served.version, inputs)
+        try:
+            outputs = await served.infer(inputs, request.outputs, options, timing)
+        except BaseException:
+            if timing.trace is not None:  # refused before it was queued: its trace ends here
+                timing.trace.end(timing, now_ns())
+            raise
+        if timing.trace is not None:
+            timing.trace.outputs(outputs)
         timing.answering()  # compute_output: what is made of the outputs, then their encoding at the edge
         if request.classification:
             try:
@@ -155,6 +181,17 @@ class LocalDataPlane:
                 timing.answered(False)
                 raise
         return Answer(served, outputs, timing)
+
+    async def _served(self, request: InferRequest, options: RequestOptions) -> tuple[ServedVersion, int]:
+        """The version a request names, once its model is loaded (`--load_on_demand`: after waiting for its load,
+        within the request's `timeout`); and the nanoseconds it waited."""
+        repository = self.repository
+        model = repository.get(request.model_name)
+        waited_ns = 0
+        if repository.load_on_demand and not model.ready:
+            waited_ns = await self._wait_for_load(request, options)
+        repository.touch(model.name)
+        return model.version(request.model_version), waited_ns
 
     async def _wait_for_load(self, request: InferRequest, options: RequestOptions) -> int:
         """`--load_on_demand`: waits while the model loads, within the request's `timeout`; the nanoseconds it waited."""
@@ -166,6 +203,21 @@ class LocalDataPlane:
             waited = now_ns() - start
             self.repository.record_wait(request.model_name, waited / 1e9)
         return waited
+
+    async def stream(self, request: InferRequest) -> Streamed:
+        """A decoupled model's responses to a decoded request (an ordinary model's answer is `infer`'s)."""
+        if self.stopping:
+            raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
+        options = RequestOptions.parse(request.parameters)
+        served, waited_ns = await self._served(request, options)
+        if not served.decoupled:
+            raise InvalidInput(f"model '{request.model_name}' is not decoupled: it answers every request once (infer)")
+        inputs = request.inputs
+        if RAW_INPUT in inputs:
+            inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
+        timing = RequestTiming(request.received_ns)
+        timing.load_wait_ns = waited_ns
+        return Streamed(served, served.stream(inputs, request.outputs, options, timing))
 
     async def shm_status(self, name: str = "") -> list[dict[str, Any]]:
         return self.regions.status(name)
@@ -179,9 +231,25 @@ class LocalDataPlane:
     async def metrics(self) -> bytes:
         return generate_latest(self.metrics_registry)
 
+    async def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        if model and not getattr(self.repository.models.get(model), "ready", False):
+            raise InvalidInput(f"Request for unknown model : {model}")  # Triton's words, for one not ready too
+        if not changes:
+            return self.traces.answer(model)
+        answer = self.traces.update(model, changes)
+        if self.traces.mode == "opentelemetry":
+            tracing.enabled = self.traces.spans_on  # this process's spans (a frontend's: the engine tells it)
+        return answer
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        if changes:
+            logs.apply(logs.checked(changes))
+        return logs.settings()
+
     def close(self) -> None:
-        """Unmaps the regions clients left registered."""
+        """Unmaps the regions clients left registered; writes the traces collected."""
         self.regions.close()
+        self.traces.close()
 
 
 def _override(name: str, config_json: str | None) -> mc.ModelConfig | None:

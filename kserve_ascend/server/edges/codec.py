@@ -463,7 +463,7 @@ def decode_grpc(request: pb.ModelInferRequest, regions: RegionViews, received_ns
             shm_outputs[requested.name] = placed
     parameters = _grpc_parameters(request.parameters) if request.parameters else {}
     decoded = InferRequest(
-        request.model_name, inputs, request.model_version, request.id, tuple(outputs), parameters, classification, received_ns
+        request.model_name, inputs, request.model_version, request.id, tuple(outputs), parameters, classification, received_ns, "GRPC"
     )
     return decoded, AnswerFormat(outputs, True, shm_outputs)
 

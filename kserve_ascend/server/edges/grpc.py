@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -15,7 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from ...core import tracing
-from ...core.errors import AscendError, InvalidInput
+from ...core.errors import AscendError, InvalidInput, Unsupported
 from ...core.stats import now_ns
 from ..dataplane import DataPlane
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
@@ -49,6 +50,8 @@ def _answers_errors(rpc):
     @functools.wraps(rpc)
     async def wrapper(self, request, context: aio.ServicerContext):
         logs.begin_request(_header(context, "x-request-id"))
+        if logs.verbose:
+            log.debug("gRPC request: %s", rpc.__name__)
         try:
             return await rpc(self, request, context)
         except asyncio.CancelledError:
@@ -141,9 +144,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def ModelInfer(self, request, context):
-        return await self._infer(request, context)
+        try:
+            return await self._infer(request, context)
+        except Unsupported as error:  # a decoupled model, as Triton words it
+            raise Unsupported(f"ModelInfer RPC {error}") from None
 
-    async def _infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext, decoupled=None) -> pb.ModelInferResponse | None:
+        """The request's answer; for a decoupled model, what `decoupled(decoded, answer)` does with its stream of
+        responses (in the request's span), or Unsupported where the route answers once."""
         if request.id:
             logs.begin_request(request.id)  # the OIP id names the request ahead of the metadata
         with tracing.infer_span(request.model_name, _trace_carrier(context), logs.request_id) as span:
@@ -152,7 +160,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 decoded, answer = await decode_grpc_off_loop(request, self.dataplane.regions, received)
             else:
                 decoded, answer = decode_grpc(request, self.dataplane.regions, received)
-            result = await self.dataplane.infer(decoded)
+            try:
+                result = await self.dataplane.infer(decoded)
+            except Unsupported:
+                if decoupled is None:
+                    raise
+                return await decoupled(decoded, answer)
             with result.answering():
                 response = encode_grpc(result.model_name, result.model_version, decoded.id, result.outputs, answer)
             if span is not None:
@@ -189,6 +202,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(self, request, context):
         return pb.CudaSharedMemoryUnregisterResponse()  # no CUDA region can be registered
 
+    @_answers_errors
+    async def LogSettings(self, request, context):
+        changes = {name: getattr(value, value.WhichOneof("parameter_choice") or "", None) for name, value in request.settings.items()}
+        settings = await self.dataplane.log_settings(changes or None)
+        value = pb.LogSettingsResponse.SettingValue
+        return pb.LogSettingsResponse(settings={name: value(**{_LOG_PARAMETER[type(v)]: v}) for name, v in settings.items()})
+
+    @_answers_errors
+    async def TraceSetting(self, request, context):
+        # An empty value clears a setting (a model's, back to the global one), as JSON's null does over REST.
+        changes = {
+            name: None if not value.value else list(value.value) if name == "trace_level" or len(value.value) > 1 else value.value[0]
+            for name, value in request.settings.items()
+        }  # fmt: skip
+        settings = await self.dataplane.trace_settings(request.model_name, changes or None)
+        value = pb.TraceSettingResponse.SettingValue
+        return pb.TraceSettingResponse(settings={name: value(value=v if isinstance(v, list) else [v]) for name, v in settings.items()})
+
     async def ModelStreamInfer(self, request_iterator, context):
         """The requests of a stream run concurrently, as in Triton, each answered when its result is
         ready (clients match responses by id); the requests of one sequence run in stream order.
@@ -202,7 +233,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if after is not None:
                 await asyncio.wait((after,))  # the sequence's previous request first
             logs.begin_request(stream_id)
-            responses.put_nowait(await self._stream_response(request, context))
+            await self._stream_answer(request, context, responses.put_nowait)
 
         async def read() -> None:
             try:
@@ -228,15 +259,68 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             for task in answering:
                 task.cancel()
 
-    async def _stream_response(self, request: pb.ModelInferRequest, context) -> pb.ModelStreamInferResponse:
+    async def _stream_answer(self, request: pb.ModelInferRequest, context, send: Callable[[pb.ModelStreamInferResponse], None]) -> None:
+        """`send`s a request's responses on the stream, each marked `triton_final_response` as Triton marks them
+        (server src/grpc/stream_infer_handler.cc): an ordinary model's one answer is final; a decoupled
+        model's are not, and the final flag that follows them alone is a response of its own only when the
+        request asks for it (`triton_enable_empty_final_response`). An error is a response with
+        `error_message` naming the request; one the model raised after it accepted the request is final.
+        Cancelling this (the client went away) stops a decoupled model."""
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
-        except AscendError as error:
-            (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
-            return pb.ModelStreamInferResponse(error_message=str(error))
+            empty_final = _empty_final_response(request)
+            response = await self._infer(
+                request, context, lambda decoded, answer: self._stream_decoupled(decoded, answer, empty_final, send)
+            )
         except Exception as error:
-            log.exception("ModelStreamInfer: unexpected error")
-            return pb.ModelStreamInferResponse(error_message=unexpected(error))
+            return send(_stream_error(error, pb.ModelInferResponse(id=request.id)))
+        if response is not None:  # an ordinary model's one answer
+            response.parameters[FINAL_RESPONSE].bool_param = True
+            send(pb.ModelStreamInferResponse(infer_response=response))
+
+    async def _stream_decoupled(self, decoded, answer, empty_final: bool, send) -> None:
+        """A decoupled model's responses, each `send` as it comes; a request it refuses raises (before any)."""
+        stream = await self.dataplane.stream(decoded)
+        final = pb.ModelInferResponse(id=decoded.id, model_name=stream.model_name)
+        final.parameters[FINAL_RESPONSE].bool_param = True
+        try:
+            async for outputs in stream:
+                response = encode_grpc(stream.model_name, stream.model_version, decoded.id, outputs, answer)
+                response.parameters[FINAL_RESPONSE].bool_param = False
+                send(pb.ModelStreamInferResponse(infer_response=response))
+        except Exception as error:
+            return send(_stream_error(error, final))
+        finally:
+            await stream.aclose()
+        if empty_final:
+            send(pb.ModelStreamInferResponse(infer_response=final))
+
+
+def _stream_error(error: Exception, response: pb.ModelInferResponse) -> pb.ModelStreamInferResponse:
+    """An error as a stream's response: a core error's message (logged as its status deserves), else a fault's."""
+    if isinstance(error, AscendError):
+        (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
+        return pb.ModelStreamInferResponse(error_message=str(error), infer_response=response)
+    log.error("ModelStreamInfer: unexpected error", exc_info=error)
+    return pb.ModelStreamInferResponse(error_message=unexpected(error), infer_response=response)
+
+
+#: The parameter that marks a streamed response final, and the request parameter that asks for a final flag
+#: sent alone to come as an empty response (Triton's names, server src/grpc/stream_infer_handler.cc).
+FINAL_RESPONSE = "triton_final_response"
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+
+
+def _empty_final_response(request: pb.ModelInferRequest) -> bool:
+    if EMPTY_FINAL_RESPONSE not in request.parameters:
+        return False
+    parameter = request.parameters[EMPTY_FINAL_RESPONSE]
+    if parameter.WhichOneof("parameter_choice") != "bool_param":
+        raise InvalidInput(f"invalid value type for '{EMPTY_FINAL_RESPONSE}' parameter, expected bool_param.")
+    return parameter.bool_param
+
+
+#: A log setting's Python type -> the field of its gRPC SettingValue.
+_LOG_PARAMETER = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 
 
 def _sequence_id(request: pb.ModelInferRequest):

@@ -27,12 +27,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ...core import tracing
 from ...core.config import config_json
-from ...core.errors import AscendError, InvalidInput
+from ...core.errors import AscendError, InvalidInput, ModelNotFound, Unsupported
 from ...core.stats import now_ns
 from ..dataplane import DataPlane
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
 from ..observability import logs
-from . import compression
+from . import compression, generate
 from .auth import Authenticator, RestAuthentication
 from .codec import decode_rest, json_object
 from .offload import OFF_LOOP_BYTES, decode_rest_off_loop, encode_rest_off_loop, rest_json_bytes
@@ -43,8 +43,9 @@ log = logging.getLogger(__name__)
 #: Triton's default for `--http-max-input-size`: 64 MiB.
 DEFAULT_MAX_INPUT_SIZE = 64 * 2**20
 
-#: An answer: status, body, headers (ASGI's raw pairs, content-type first).
-Answer = tuple[int, bytes, list]
+#: An answer: status, body, headers (ASGI's raw pairs, content-type first); a body of Server-Sent Events
+#: (`generate.Events`) is sent event by event.
+Answer = tuple[int, "bytes | generate.Events", list]
 #: An OIP endpoint: answers one call.
 Endpoint = Callable[["Call"], Awaitable[Answer]]
 
@@ -65,6 +66,25 @@ async def _send(send: Send, answer: Answer) -> None:
     status, body, headers = answer
     await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _send_events(send: Send, call: Call, answer: Answer) -> None:
+    """Server-Sent Events, each as it comes; a client that goes away stops the model that produces them."""
+    status, events, headers = answer
+    watch = call.cancel_if_client_leaves(asyncio.get_running_loop())
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        async for chunk in events:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    except asyncio.CancelledError:
+        if not call.client_left:
+            raise
+        asyncio.current_task().uncancel()
+        log.info("%s %s: the client went away: its stream is cancelled", call.scope["method"], call.scope["path"])
+    finally:
+        watch.cancel()
+        await events.aclose()
 
 
 class Call:
@@ -205,6 +225,8 @@ class RestEndpoints:
             watch = call.cancel_if_client_leaves(loop)
             try:
                 result = await self.dataplane.infer(request)
+            except Unsupported as error:  # a decoupled model, as Triton words it
+                raise Unsupported(f"HTTP end point {error}") from None
             finally:
                 watch.cancel()
             with result.answering():
@@ -223,6 +245,51 @@ class RestEndpoints:
                 body = await compression.compressed(body, coding)
                 headers = [*headers, (b"content-encoding", coding.encode())]
         return 200, body, headers
+
+    async def trace_settings(self, call: Call) -> Answer:
+        """The trace extension, for the server (`/v2/trace/setting`) or a model (`/v2/models/{m}/trace/setting`)."""
+        if call.version:
+            raise ModelNotFound("Not Found")  # a setting is a model's, of no version: Triton has no such route
+        body = await call.body() if call.scope["method"] == "POST" else b""
+        return _json(await self.dataplane.trace_settings(call.name, json_object(body) if body else None))
+
+    async def log_settings(self, call: Call) -> Answer:
+        """The logging extension: GET answers the settings, POST changes those its JSON object names first."""
+        body = await call.body() if call.scope["method"] == "POST" else b""
+        return _json(await self.dataplane.log_settings(json_object(body) if body else None))
+
+    async def generate(self, call: Call) -> Answer:
+        return await self._generate(call, streaming=False)
+
+    async def generate_stream(self, call: Call) -> Answer:
+        return await self._generate(call, streaming=True)
+
+    async def _generate(self, call: Call, streaming: bool) -> Answer:
+        """Triton's generate extension (`generate`): the model's metadata first (an unknown model is a 404 before the
+        body is read, as in Triton), then the body as its inputs and parameters, then its answers."""
+        metadata = await self.dataplane.model_metadata(call.name, call.version)
+        if call.content_encoding not in (None, "identity"):
+            raise InvalidInput("Unsupported content-encoding, only 'identity' is supported.")  # Triton's words
+        # The request's span ends with its answer made, or with a stream's first response.
+        with tracing.infer_span(call.name, call.headers() if tracing.enabled else None, logs.request_id):
+            request = generate.decode_generate(await call.body(), metadata["inputs"], call.name, call.version, now_ns())
+            if request.id:
+                logs.begin_request(request.id)
+            watch = call.cancel_if_client_leaves(asyncio.get_running_loop())
+            try:
+                result = await self.dataplane.infer(request)
+            except Unsupported:  # a decoupled model: its answers are a stream of responses
+                stream = await self.dataplane.stream(request)
+                if streaming:
+                    events = await generate.Events(stream, request.id).opened()
+                    return events.status, events, generate.SSE
+                status, body = await generate.decoupled_answer(stream, request.id)
+                return status, body, generate.JSON
+            finally:
+                watch.cancel()
+            with result.answering():
+                body = generate.encode_generate(result.model_name, result.model_version, request.id, result.outputs)
+        return (200, generate.event(body), generate.SSE) if streaming else (200, body, generate.JSON)
 
     async def metrics(self, call: Call) -> Answer:
         return 200, await self.dataplane.metrics(), [(b"content-type", CONTENT_TYPE_LATEST.encode())]
@@ -262,6 +329,8 @@ class RestEndpoints:
             "/v2/repository/index": {"POST": self.repository_index},
             "/v2/models/stats": {"GET": self.statistics},
             "/metrics": {"GET": self.metrics},
+            "/v2/logging": {"GET": self.log_settings, "POST": self.log_settings},
+            "/v2/trace/setting": {"GET": self.trace_settings, "POST": self.trace_settings},
         }
         for shm, status, unregister in (
             ("/v2/systemsharedmemory", self.shm_status, self.shm_unregister),
@@ -279,6 +348,9 @@ class RestEndpoints:
             "/config": {"GET": self.model_config},
             "/stats": {"GET": self.statistics},
             "/infer": {"POST": self.infer},
+            "/trace/setting": {"GET": self.trace_settings, "POST": self.trace_settings},
+            "/generate": {"POST": self.generate},
+            "/generate_stream": {"POST": self.generate_stream},
         }
 
     def region_routes(self) -> dict[tuple[str, str], dict[str, Endpoint]]:
@@ -294,7 +366,7 @@ class RestEndpoints:
 
 
 #: A path segment is what Starlette's `{name}` matched: anything but a slash.
-_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(|/ready|/config|/stats|/infer)")
+_MODEL_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?(|/ready|/config|/stats|/infer|/generate|/generate_stream|/trace/setting)")
 _REPOSITORY_PATH = re.compile(r"/v2/repository/models/([^/]+)/(load|unload)")
 _REGION_PATH = re.compile(r"/v2/(systemsharedmemory|cudasharedmemory)/region/([^/]+)/(status|register|unregister)")
 
@@ -345,11 +417,17 @@ class OipApplication:
                 method = scope["method"]
                 endpoint = methods.get("GET" if method == "HEAD" else method)
                 if endpoint is not None:
-                    return await _send(send, await self._answer(endpoint, Call(scope, receive, name, version)))
+                    call = Call(scope, receive, name, version)
+                    answer = await self._answer(endpoint, call)
+                    if type(answer[1]) is generate.Events:
+                        return await _send_events(send, call, answer)
+                    return await _send(send, answer)
         await self.fallback(scope, receive, send)
 
     async def _answer(self, endpoint: Endpoint, call: Call) -> Answer:
         logs.begin_request(call.request_id)
+        if logs.verbose:  # Triton's verbose line of each request
+            log.debug("HTTP request: %s %s", call.scope["method"], call.scope["path"])
         try:
             if call.content_length is None:
                 call.receive = _counting(call.receive, self.max_input_size, self.too_large)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import grpc
 
-from ...core.errors import AscendError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable
+from ...core.errors import AscendError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable, Unsupported
 
 # Triton answers 400 for a model that exists but is unavailable; so does this server.
-_STATUS = {InvalidInput: 400, ModelNotFound: 404, ModelNotReady: 400, Unavailable: 503}
+_STATUS = {InvalidInput: 400, ModelNotFound: 404, ModelNotReady: 400, Unavailable: 503, Unsupported: 501}
 _CODE = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     ModelNotFound: grpc.StatusCode.NOT_FOUND,
     ModelNotReady: grpc.StatusCode.UNAVAILABLE,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    Unsupported: grpc.StatusCode.UNIMPLEMENTED,
 }
 
 

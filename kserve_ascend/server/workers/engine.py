@@ -37,11 +37,12 @@ import socket
 import tempfile
 from typing import Any, Callable
 
+from ...core import tracing
 from ...core.models.repository import Repository
 from .. import cli, listeners, ports
 from ..dataplane.local import LocalDataPlane
 from ..lifecycle import STOP_SIGNALS, Lifecycle
-from ..observability import metrics
+from ..observability import logs, metrics, traces
 from . import messages
 from .control import MODELS, REGIONS, ControlPage
 from .link import FrontendLink
@@ -53,8 +54,9 @@ log = logging.getLogger(__name__)
 class Engine:
     """Serves `repository` with `args.workers` frontends on `http_port`."""
 
-    def __init__(self, args: argparse.Namespace, repository: Repository, http_port: int):
+    def __init__(self, args: argparse.Namespace, repository: Repository, http_port: int, trace_manager: traces.TraceManager):
         self.args = args
+        self.traces = trace_manager
         self.repository = repository
         self.http_port = http_port
         self.control = ControlPage.create()
@@ -124,6 +126,8 @@ class Engine:
             (messages.Control(self.control.SIZE), self.control.share()),
             (self.regions_message(), None),
             (self.models_message(), None),
+            (messages.LogSettings(logs.settings()), None),
+            *([(messages.TraceSpans(tracing.enabled), None)] if self.traces.mode == "opentelemetry" else []),
         ])
         return link
 
@@ -149,6 +153,14 @@ class Engine:
     def regions_changed(self) -> None:
         """A region was registered or unregistered: every frontend maps what the registry holds now."""
         self._follow(REGIONS, self.dataplane.regions.changes, self.regions_message())
+
+    def log_settings_changed(self, settings: dict[str, Any]) -> None:
+        """A client changed the log settings (applied here): every frontend applies them too."""
+        self._broadcast(messages.LogSettings(settings), flush=True)
+
+    def trace_spans_changed(self) -> None:
+        """A client changed the trace level (opentelemetry mode): every frontend's edges start spans, or not."""
+        self._broadcast(messages.TraceSpans(tracing.enabled), flush=True)
 
     def _follow(self, count: int, value: int, message: messages.Message) -> None:
         # The message first, then the count that tells a frontend to read it (see `control`).
@@ -177,7 +189,7 @@ class EngineDataPlane(LocalDataPlane):
     and metrics count what the frontends have reported; a change of the shared memory registry reaches them all."""
 
     def __init__(self, engine: Engine, metrics_registry):
-        super().__init__(engine.repository, engine.args.model_control_mode == "explicit", metrics_registry)
+        super().__init__(engine.repository, engine.args.model_control_mode == "explicit", metrics_registry, engine.traces)
         self.engine = engine
 
     async def ready(self) -> bool:
@@ -191,6 +203,20 @@ class EngineDataPlane(LocalDataPlane):
     async def metrics(self) -> bytes:
         self.engine.read_frontends()
         return await super().metrics()
+
+    async def log_settings(self, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        # Applied here, then in every frontend before the one that asked has its answer (the same channel, in order).
+        settings = await super().log_settings(changes)
+        if changes:
+            self.engine.log_settings_changed(settings)
+        return settings
+
+    async def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        # The engine samples and writes Triton's traces; OpenTelemetry's start in the frontends' edges.
+        settings = await super().trace_settings(model, changes)
+        if changes and self.traces.mode == "opentelemetry":
+            self.engine.trace_spans_changed()
+        return settings
 
     async def shm_register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         await super().shm_register(name, key, offset, byte_size)

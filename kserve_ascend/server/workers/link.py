@@ -63,12 +63,14 @@ class FrontendLink:
     def _received(self, message: messages.Message) -> None:
         kind = type(message)
         if kind is messages.Infer:
-            self._spawn(message.call, self._infer(message))
+            self._spawn(message.call, self._stream(message) if message.stream else self._infer(message))
         elif kind is messages.Done:
             entry = self.answered.pop(message.call, None)
             if entry is not None and message.answered is not None:  # None: its client left, counted nowhere
                 timing, made_ns = entry
                 timing.answered(message.answered, made_ns + message.answer_ns)
+            elif entry is not None and entry[0].trace is not None:  # but its trace ends, for trace_count's file
+                entry[0].trace.end(entry[0], now_ns())
         elif kind is messages.Free:
             self.outputs.free(message.segment, message.offset)
         elif kind is messages.Call:
@@ -102,7 +104,7 @@ class FrontendLink:
         try:
             request = InferRequest(
                 message.model_name, self._tensors(message.block, message.inputs), message.model_version, message.id,
-                tuple(message.outputs), message.parameters, message.classification, message.received_ns,
+                tuple(message.outputs), message.parameters, message.classification, message.received_ns, message.protocol,
             )
             answer = await self.dataplane.infer(request)
             del request  # its inputs: the frontend may reuse their memory once the last array over it is gone
@@ -121,6 +123,40 @@ class FrontendLink:
         finally:
             if token is not None:
                 otel_context.detach(token)
+
+    async def _stream(self, message: messages.Infer) -> None:
+        """A decoupled model's request: `Streaming` once it is taken, a `Response` per response, then `Final`; a
+        `Cancel` from the frontend (its client left) cancels this, which stops the model producing."""
+        logs.begin_request(message.log_id)
+        token = otel_context.attach(propagate.extract(message.trace)) if message.trace is not None else None
+        try:
+            request = InferRequest(
+                message.model_name, self._tensors(message.block, message.inputs), message.model_version, message.id,
+                tuple(message.outputs), message.parameters, message.classification, message.received_ns,
+            )
+            responses = await self.dataplane.stream(request)
+        except asyncio.CancelledError:
+            self.channel.send(messages.Failed(message.call, "cancelled", "the client went away"))
+            return
+        except Exception as error:
+            self.channel.send(messages.failure(message.call, error))
+            return
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        del request  # the frontend may reuse the inputs' memory once the model is done with them
+        self.channel.send(messages.Streaming(message.call, responses.model_name, responses.model_version))
+        try:
+            async for outputs in responses:
+                block, tensors = write(self.outputs, outputs.items())
+                self.channel.send(messages.Response(message.call, block, tensors))
+            self.channel.send(messages.Final(message.call))
+        except asyncio.CancelledError:
+            pass  # its client left: nobody reads what would follow
+        except Exception as error:
+            self.channel.send(messages.failure(message.call, error))
+        finally:
+            await responses.aclose()
 
     def _tensors(self, block: messages.Block | None, tensors: list[messages.Tensor]) -> dict[str, np.ndarray]:
         """The request's inputs, in its order: in the frontend's arena, or in a registered shared memory region."""

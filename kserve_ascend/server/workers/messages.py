@@ -17,10 +17,10 @@ from typing import Any, Union
 import msgspec
 from tritonclient.grpc import model_config_pb2 as mc
 
-from ...core.errors import AscendError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from ...core.errors import AscendError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable, Unsupported
 
 #: Changes with any message's fields.
-VERSION = 1
+VERSION = 2
 
 
 class Message(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -92,6 +92,10 @@ class Infer(Message):
     #: The request's log id, and (while tracing) its trace context: the engine's lines and spans join them.
     log_id: str | None = None
     trace: dict[str, str] | None = None
+    #: What it came in by (HTTP or GRPC), for the trace extension's timestamps.
+    protocol: str = "HTTP"
+    #: A decoupled model's request (`DataPlane.stream`): answered by `Streaming`, a `Response` each, then `Final`.
+    stream: bool = False
 
 
 class Done(Message):
@@ -131,6 +135,28 @@ class Inferred(Message):
     model_version: int
     block: Block | None
     outputs: list[Tensor]
+
+
+class Streaming(Message):
+    """A decoupled model took the request (`Infer` with `stream`): its responses follow, then `Final` (or `Failed`)."""
+
+    call: int
+    model_name: str
+    model_version: int
+
+
+class Response(Message):
+    """One response of a decoupled model: its outputs in the engine's arena."""
+
+    call: int
+    block: Block | None
+    outputs: list[Tensor]
+
+
+class Final(Message):
+    """The final flag of a decoupled model's request: no response follows."""
+
+    call: int
 
 
 class Returned(Message):
@@ -178,6 +204,18 @@ class Control(Message):
     size: int
 
 
+class LogSettings(Message):
+    """The log settings now (`logs.settings()`), after a client changed them: every process applies them."""
+
+    settings: dict[str, Any]
+
+
+class TraceSpans(Message):
+    """OpenTelemetry spans on or off (trace_mode opentelemetry): a client changed the trace level."""
+
+    on: bool
+
+
 class Stopping(Message):
     """Shutdown has begun: answers close their connections from now on."""
 
@@ -187,8 +225,8 @@ class Stop(Message):
 
 
 AnyMessage = Union[
-    Hello, Segment, Drop, Free, Infer, Done, Call, Cancel, Serving, Inferred, Returned, Failed, Regions, ModelsChanged,
-    Control, Stopping, Stop,
+    Hello, Segment, Drop, Free, Infer, Done, Call, Cancel, Serving, Inferred, Streaming, Response, Final, Returned, Failed,
+    Regions, ModelsChanged, Control, LogSettings, TraceSpans, Stopping, Stop,
 ]
 
 _CONFIG = 1  # msgpack extension code of a ModelConfig (a data-plane call's value)
@@ -225,7 +263,7 @@ def mismatch(hello: Message, side: str) -> str | None:
 # ---------------------------------------------------------------- errors across the processes
 
 #: Core errors that keep their type across, so the edges answer them with their own status.
-_ERRORS = {cls.__name__: cls for cls in (InvalidInput, ModelNotFound, ModelNotReady, Unavailable, ModelLoadError)}
+_ERRORS = {cls.__name__: cls for cls in (InvalidInput, ModelNotFound, ModelNotReady, Unavailable, ModelLoadError, Unsupported)}
 
 
 def failure(call: int, error: BaseException) -> Failed:

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: The data-plane methods a frontend forwards to the engine as they are.
 FORWARDED = frozenset(
-    name for name, method in inspect.getmembers(DataPlane, inspect.iscoroutinefunction) if name != "infer"
+    name for name, method in inspect.getmembers(DataPlane, inspect.iscoroutinefunction) if name not in ("infer", "stream")
 )
 #: Of those, what is cached until the repository changes.
 CACHED = frozenset({"model_metadata", "model_config"})
@@ -66,6 +66,40 @@ class RemoteAnswer:
         # client had its answer count the request (the engine reads what its frontends sent before it answers).
         self._channel.send(messages.Done(self._call, now_ns() - self._start, kind is None))
         self._channel.flush()
+
+
+class RemoteStream:
+    """A decoupled model's responses (`ResponseStream`), as the engine sends them: each one's outputs read in place
+    from the engine's arena. Closing it before the final flag cancels the request in the engine."""
+
+    __slots__ = ("model_name", "model_version", "_dataplane", "_call", "_queue", "_ended")
+
+    def __init__(self, dataplane: RemoteDataPlane, call: int, started: messages.Streaming, queue: asyncio.Queue):
+        self.model_name, self.model_version = started.model_name, started.model_version
+        self._dataplane, self._call, self._queue, self._ended = dataplane, call, queue, False
+
+    async def __aiter__(self):
+        while not self._ended:
+            message = await self._queue.get()
+            kind = type(message)
+            if kind is messages.Response:
+                yield self._dataplane.outputs.tensors(message.block, message.outputs)
+                continue
+            self._ended = True
+            self._dataplane._streams.pop(self._call, None)
+            if kind is messages.Failed:
+                raise messages.raised(message)
+            if kind is not messages.Final:
+                raise message  # the engine is gone
+
+    async def aclose(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._dataplane._streams.pop(self._call, None)
+        self._dataplane.channel.send(messages.Cancel(self._call))
+        while not self._queue.empty():  # responses nobody will read: their blocks go back to the engine
+            self._dataplane.free(self._queue.get_nowait())
 
 
 class _Forwarded:
@@ -102,6 +136,7 @@ class RemoteDataPlane(_Forwarded):
         self._models_seen = -1
         self._cache: dict[tuple, Any] = {}
         self._pending: dict[int, tuple[asyncio.Future, bool]] = {}
+        self._streams: dict[int, asyncio.Queue] = {}  # decoupled requests under way: what the engine sent for each
         self._ids = itertools.count()
         self._closing = False
 
@@ -124,11 +159,20 @@ class RemoteDataPlane(_Forwarded):
             propagate.inject(trace)  # the engine's queue and execute spans join this request's trace
         call, future = self._send(True, lambda call: messages.Infer(
             call, request.model_name, request.model_version, request.id, list(request.outputs), request.parameters,
-            request.classification, request.received_ns, block, inputs, logs.request_id(), trace,
+            request.classification, request.received_ns, block, inputs, logs.request_id(), trace, request.protocol,
         ))
         answer = await self._answer(call, future)
         # Read in place: the engine's block is freed once the last array made of it is gone.
         return RemoteAnswer(self.channel, call, answer, self.outputs.tensors(answer.block, answer.outputs))
+
+    async def stream(self, request: InferRequest) -> RemoteStream:
+        block, inputs = self._write_inputs(request.inputs)
+        call, future = self._send(True, lambda call: messages.Infer(
+            call, request.model_name, request.model_version, request.id, list(request.outputs), request.parameters,
+            request.classification, request.received_ns, block, inputs, logs.request_id(), None, request.protocol, stream=True,
+        ))
+        started = await self._answer(call, future)
+        return RemoteStream(self, call, started, self._streams[call])
 
     def _write_inputs(self, inputs: Mapping[str, np.ndarray]) -> tuple[messages.Block | None, list[messages.Tensor]]:
         """Where each input lies, in the request's order: in this frontend's arena (written there now), or, for one a
@@ -188,7 +232,13 @@ class RemoteDataPlane(_Forwarded):
 
     def _received(self, message: messages.Message) -> None:
         kind = type(message)
-        if kind is messages.Inferred or kind is messages.Returned or kind is messages.Failed:
+        if kind is messages.Response or kind is messages.Final or (kind is messages.Failed and message.call in self._streams):
+            stream = self._streams.get(message.call)
+            if stream is not None:
+                stream.put_nowait(message)
+            else:  # its caller closed the stream
+                self.free(message)
+        elif kind is messages.Inferred or kind is messages.Returned or kind is messages.Failed or kind is messages.Streaming:
             self._answered(message)
         elif kind is messages.Free:
             self.inputs.free(message.segment, message.offset)
@@ -208,6 +258,10 @@ class RemoteDataPlane(_Forwarded):
             if refusal is not None:
                 log.error("%s", refusal)
                 self.channel.close()
+        elif kind is messages.LogSettings:
+            logs.apply(message.settings)
+        elif kind is messages.TraceSpans:
+            tracing.enabled = message.on
         elif kind is messages.Stopping:
             self.stopping = True
         elif kind is messages.Stop:
@@ -218,6 +272,11 @@ class RemoteDataPlane(_Forwarded):
         if entry is None:
             return
         future, infer = entry
+        if type(message) is messages.Streaming:
+            if future.done():  # its caller left before the model took it: stop the model
+                self.channel.send(messages.Cancel(message.call))
+                return
+            self._streams[message.call] = asyncio.Queue()  # now: its responses may follow in this same read
         if future.done():  # its caller left: free what the engine wrote for it, and count it nowhere
             if infer and type(message) is messages.Inferred:
                 if message.block is not None:
@@ -229,6 +288,11 @@ class RemoteDataPlane(_Forwarded):
         else:
             future.set_result(message if infer else message.value)
 
+    def free(self, message: messages.Message) -> None:
+        """A decoupled model's response nobody reads: its block goes back to the engine."""
+        if type(message) is messages.Response and message.block is not None:
+            self.channel.send(messages.Free(message.block.segment, message.block.offset))
+
     def _engine_gone(self) -> None:
         if self._closing:
             return
@@ -236,6 +300,9 @@ class RemoteDataPlane(_Forwarded):
             if not future.done():
                 future.set_exception(ChannelClosed("the engine process is gone"))
         self._pending.clear()
+        for stream in self._streams.values():
+            stream.put_nowait(ChannelClosed("the engine process is gone"))
+        self._streams.clear()
         self.outputs.close()
         self.on_stop(True)
 

@@ -18,6 +18,8 @@ _RUNTIMES = {
     # The core's processing code, steps of a detection ensemble: no file (config.PROCESSING_RUNTIMES).
     "yolov8_preprocess": ("yolo", "YoloV8Preprocess"),
     "yolov8_postprocess": ("yolo", "YoloV8Postprocess"),
+    # Triton's `repeat` backend: a decoupled model, no file.
+    "repeat": ("repeat", "RepeatRuntime"),
 }
 _BY_EXTENSION = {".onnx": "onnx", ".om": "acl", ".sim": "sim"}
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+import threading
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -95,6 +96,17 @@ class Runtime(ABC):
         self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str]
     ) -> dict[str, np.ndarray]:
         """Runs one batch: every input has the batch as dimension 0 (when the model batches)."""
+
+    def responses(
+        self, inputs: Mapping[str, np.ndarray], output_names: Sequence[str], stop: threading.Event
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """A decoupled model's execution (config `model_transaction_policy { decoupled: true }`): yields each
+        response's outputs as it is ready, zero or more; returning is the final flag.
+
+        `stop` is set once nobody wants more (the client cancelled): the runtime then stops producing, and
+        waits on it (`stop.wait(seconds)`) rather than sleeping. By default, one response: `run`'s.
+        """
+        yield self.run(inputs, output_names)
 
     def utilization(self) -> float | None:
         """How busy this runtime's device is, in percent; None when the runtime cannot tell.
