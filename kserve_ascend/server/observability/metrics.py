@@ -22,6 +22,10 @@ takes; the statistics extension's `batch_padding_rows`), and per instance, label
 out of rotation) and `ascend_runtime_degraded` (1 when its runtime serves below what the
 config asked, e.g. on the CPU instead of the CANN execution provider).
 
+Where the Ascend driver's DCMI library is present, each NPU's temperature, power and health too
+(`ascend_npu_temperature_celsius`, `ascend_npu_power_watts`, `ascend_npu_health`, labelled
+`device`; npu_telemetry.py), read at scrape by the process that holds the registry.
+
 The data plane renders a registry at `/metrics` of the HTTP port, and `--metrics_port` serves
 the same registry: in one process `prometheus_client.REGISTRY`, to which `register` adds the
 repository. With `--workers N` the engine process holds the repository, so it holds the
@@ -50,6 +54,7 @@ from ...core.contracts import InstanceHealth, ServedVersion, VersionHealth
 from ...core.models.repository import Repository
 from ...core.stats import FAILURE_REASONS, LATENCY_BUCKETS_S
 from .. import ports
+from . import npu_telemetry
 
 #: A served version and its health snapshot, taken once per scrape.
 Seen = tuple[ServedVersion, VersionHealth]
@@ -226,8 +231,14 @@ def _utilization(seen: list[Seen]) -> GaugeMetricFamily:
 def register(repository: Repository, port: int = 0) -> None:
     """Adds the repository's metrics to prometheus_client's registry; serves it on `port` too (0: no)."""
     REGISTRY.register(RepositoryCollector(repository))
+    _register_npu_telemetry(REGISTRY)
     if port:
         serve(port, REGISTRY)
+
+
+def _register_npu_telemetry(registry: CollectorRegistry) -> None:
+    if (telemetry := npu_telemetry.open_collector()) is not None:
+        registry.register(telemetry)
 
 
 def serve(port: int, registry: CollectorRegistry) -> None:
@@ -247,6 +258,7 @@ def engine_registry(repository: Repository, frontends_dir: str, port: int = 0) -
     (which write them to `frontends_dir`, their PROMETHEUS_MULTIPROC_DIR); served on `port` too (0: no)."""
     registry = CollectorRegistry()
     registry.register(RepositoryCollector(repository))
+    _register_npu_telemetry(registry)
     MultiProcessCollector(registry, frontends_dir)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
