@@ -7,6 +7,7 @@ then waits for the requests already accepted (`lifecycle.Lifecycle`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -158,7 +159,8 @@ class LocalDataPlane:
         self.regions.unregister(name)
 
     async def metrics(self) -> bytes:
-        return generate_latest(self.metrics_registry)
+        # Off the loop: a scrape may wait on the NPU driver (npu_telemetry's DCMI calls).
+        return await asyncio.to_thread(generate_latest, self.metrics_registry)
 
     def close(self) -> None:
         """Unmaps the regions clients left registered."""
