@@ -13,7 +13,10 @@ DcGetDevicePowerInfo, DcGetDeviceHealth):
 
 - at start, `dcmi_init`, then every chip: the cards (`dcmi_get_card_list`), the chips of each
   (`dcmi_get_device_num_in_card`) and the chip's logic ID (`dcmi_get_device_logic_id`), the
-  `device` label, as npu-exporter labels its chips;
+  `device` label. Without ASCEND_RT_VISIBLE_DEVICES a logic ID is the device ID acl.rt.set_device
+  takes (CANN runtime API, aclrtGetLogicDevIdByUserDevId: "if ASCEND_RT_VISIBLE_DEVICES is not
+  set, the logical device ID is the same as the user device ID"), so it meets the `device` of
+  `npu_utilization_percent`; npu-exporter labels its chips with the physical ID instead;
 - at each scrape, per chip: `ascend_npu_temperature_celsius` (`dcmi_get_device_temperature`,
   degrees Celsius), `ascend_npu_power_watts` (`dcmi_get_device_power_info`, in 0.1 W) and
   `ascend_npu_health` (`dcmi_get_device_health`: 0 normal, 1 general (minor) alarm, 2 major
