@@ -9,6 +9,9 @@ the readings, or makes one call fail with a DCMI code, by rewriting it.
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -124,6 +127,21 @@ def test_a_failing_dcmi_init_turns_the_telemetry_off_saying_so(library, tmp_path
     finally:
         stop_server(server)
     assert "NPU telemetry off: dcmi_init returned -8005 (DCMI_ERR_CODE_INNER_ERR)" in server.output()
+
+
+def test_a_library_that_does_not_load_is_named_with_the_loaders_reason(tmp_path):
+    """A libdcmi.so on the loader path that needs a library the process cannot find (the driver's
+    lib64/common off LD_LIBRARY_PATH, say): the reason names both, not "no libdcmi.so"."""
+    (tmp_path / "needed.c").write_text("int needed(void) { return 0; }\n")
+    (tmp_path / "dcmi.c").write_text("int needed(void);\nint dcmi_init(void) { return needed(); }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libneeded.so"), str(tmp_path / "needed.c")], check=True, timeout=60)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libdcmi.so"), str(tmp_path / "dcmi.c"),
+                    f"-L{tmp_path}", "-lneeded"], check=True, timeout=60)
+    (tmp_path / "libneeded.so").unlink()
+    code = "from kserve_ascend.server.observability import npu_telemetry; print(npu_telemetry.load_library())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                          env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)})
+    assert done.stdout.strip() == "libdcmi.so does not load: libneeded.so: cannot open shared object file: No such file or directory"
 
 
 def test_the_fake_answers_with_the_references_codes(library, tmp_path, monkeypatch):

@@ -179,23 +179,25 @@ class NpuTelemetryCollector(Collector):
                         chip.logic_id, chip.card, chip.device, error)
 
 
-def load_library() -> ctypes.CDLL | None:
-    """libdcmi.so where the loader finds it, else from the driver's directory; None if neither has it."""
-    for candidate in (LIBRARY, str(DRIVER_DIRECTORY / LIBRARY)):
+def load_library() -> ctypes.CDLL | str:
+    """libdcmi.so where the loader finds it, else from the driver's directory; or why neither loads
+    (the library is there but one it needs is not, e.g. the driver's lib64/common off LD_LIBRARY_PATH)."""
+    problems = []
+    for candidate in (LIBRARY, DRIVER_DIRECTORY / LIBRARY):
         try:
-            return ctypes.CDLL(candidate)
-        except OSError:
-            continue
-    return None
+            return ctypes.CDLL(str(candidate))
+        except OSError as error:
+            if f"{candidate}: cannot open shared object file" not in str(error):  # found, but it does not load
+                problems.append(f"{candidate} does not load: {error}")
+    return "; ".join(problems) or f"the Ascend driver's {LIBRARY} is neither on the loader path nor in {DRIVER_DIRECTORY}"
 
 
 def open_collector() -> NpuTelemetryCollector | None:
     """The NPUs' collector, or None (said in the log) where DCMI is absent or cannot list them."""
     off = f"no {', '.join(METRICS)}"
     library = load_library()
-    if library is None:
-        log.info("NPU telemetry off: the Ascend driver's %s is neither on the loader path nor in %s: %s",
-                 LIBRARY, DRIVER_DIRECTORY, off)
+    if isinstance(library, str):
+        log.info("NPU telemetry off: %s: %s", library, off)
         return None
     try:
         dcmi = Dcmi(library)
