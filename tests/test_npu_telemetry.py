@@ -131,7 +131,7 @@ def test_a_failing_dcmi_init_turns_the_telemetry_off_saying_so(library, tmp_path
 
 def test_a_library_that_does_not_load_is_named_with_the_loaders_reason(tmp_path):
     """A libdcmi.so on the loader path that needs a library the process cannot find (the driver's
-    lib64/common off LD_LIBRARY_PATH, say): the reason names both, not "no libdcmi.so"."""
+    other libraries off LD_LIBRARY_PATH, say): the reason names both, not "no libdcmi.so"."""
     (tmp_path / "needed.c").write_text("int needed(void) { return 0; }\n")
     (tmp_path / "dcmi.c").write_text("int needed(void);\nint dcmi_init(void) { return needed(); }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libneeded.so"), str(tmp_path / "needed.c")], check=True, timeout=60)

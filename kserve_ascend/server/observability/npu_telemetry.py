@@ -181,7 +181,7 @@ class NpuTelemetryCollector(Collector):
 
 def load_library() -> ctypes.CDLL | str:
     """libdcmi.so where the loader finds it, else from the driver's directory; or why neither loads
-    (the library is there but one it needs is not, e.g. the driver's lib64/common off LD_LIBRARY_PATH)."""
+    (the library is there but another it needs is not on the loader path)."""
     problems = []
     for candidate in (LIBRARY, DRIVER_DIRECTORY / LIBRARY):
         try:
