@@ -1,15 +1,15 @@
 """Temperature, power and health of each NPU, read through the Ascend driver's DCMI library at scrape.
 
 `libdcmi.so` comes with the driver (/usr/local/Ascend/driver/lib64/driver, which the CANN images
-put on LD_LIBRARY_PATH; Ascend/ascend-npu-exporter finds it the same two ways: common-utils/utils/
-path.go GetDriverLibPath). It is loaded with ctypes where the loader finds it, else from that
-directory. The calls, their signatures, units and codes are Huawei's DCMI API reference's
-(hiascend.com, Atlas 200I A2 "DCMI API参考" re/api: api_008 dcmi_get_card_list, api_020
-dcmi_get_device_power_info, api_024 dcmi_get_device_health, api_040 dcmi_get_device_temperature,
-api_177 the return codes) and the driver's dcmi_interface_api.h (as ascend-npu-exporter's
-devmanager/dcmi/ carries it); which chips to ask, and the bounds of a sane reading, are
-ascend-npu-exporter's (devmanager/dcmi/dcmi.go: DcGetLogicIDList, DcGetDeviceTemperature,
-DcGetDevicePowerInfo, DcGetDeviceHealth):
+put on LD_LIBRARY_PATH). It is loaded with ctypes where the dynamic loader finds it
+(LD_LIBRARY_PATH, its cache: where Ascend/ascend-npu-exporter looks, common-utils/utils/path.go
+GetDriverLibPath), else from that directory. The calls, their signatures, units and codes are
+Huawei's DCMI API reference's (hiascend.com, Atlas 200I A2 "DCMI API参考" re/api: api_008
+dcmi_get_card_list, api_020 dcmi_get_device_power_info, api_024 dcmi_get_device_health, api_040
+dcmi_get_device_temperature, api_075 dcmi_get_device_logic_id, api_177 the return codes) and the
+driver's dcmi_interface_api.h (as ascend-npu-exporter's devmanager/dcmi/ carries it); which chips
+to ask, and the bounds of a sane reading, are ascend-npu-exporter's (devmanager/dcmi/dcmi.go:
+DcGetLogicIDList, DcGetDeviceTemperature, DcGetDevicePowerInfo, DcGetDeviceHealth):
 
 - at start, `dcmi_init`, then every chip: the cards (`dcmi_get_card_list`), the chips of each
   (`dcmi_get_device_num_in_card`) and the chip's logic ID (`dcmi_get_device_logic_id`), the
@@ -22,10 +22,11 @@ DcGetDevicePowerInfo, DcGetDeviceHealth):
   `ascend_npu_health` (`dcmi_get_device_health`: 0 normal, 1 general (minor) alarm, 2 major
   alarm, 3 critical alarm; the most severe alarm of the chip).
 
-Without the library (a CPU host), or when `dcmi_init` or listing the chips fails, there are no such
-metrics, said once in the log at start. A call that fails at a scrape (a negative DCMI code) or
-answers what the reference does not define (health 0xFFFFFFFF: no such chip) leaves that one sample
-out, logged once per chip, call and code; the scrape answers with the rest.
+Without the library (a CPU host), or when it does not load, or `dcmi_init` or listing the chips
+fails, there are no such metrics, said once in the log at start. A call that fails at a scrape (a
+negative DCMI code) or answers no reading (health 0xFFFFFFFF: no such chip; a temperature below
+-275 °C or a negative power, which npu-exporter refuses too) leaves that one sample out, logged
+once per chip, call and code; the scrape answers with the rest.
 """
 
 from __future__ import annotations
