@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -145,17 +146,23 @@ def test_a_library_that_does_not_load_is_named_with_the_loaders_reason(tmp_path)
 
 
 def test_the_fake_answers_with_the_references_codes(library, tmp_path, monkeypatch):
-    """The fake's own conventions (DCMI API reference, api_177): DCMI_OK, -8001 for a null pointer,
-    -8007 for a chip the machine lacks, and 0xFFFFFFFF health is passed through as written."""
+    """The fake's own conventions (DCMI API reference, api_177): DCMI_OK, -8001 for a null pointer or a
+    list too short, -8007 for a chip the machine lacks, -8005 before dcmi_init, and the health code as written."""
     state = tmp_path / "dcmi_state"
-    write_dcmi_state(state, NPUS)
+    write_dcmi_state(state, [*NPUS, (3, 1, 2, 40, 700, 0xFFFFFFFF)])
     monkeypatch.setenv("FAKE_DCMI_STATE", str(state))
-    dcmi = ctypes.CDLL(str(library))
-    value = ctypes.c_int()
+    shutil.copy(library, tmp_path / "libdcmi.so")  # a copy of its own: loaded afresh, not yet initialized
+    dcmi = ctypes.CDLL(str(tmp_path / "libdcmi.so"))
+    value, health = ctypes.c_int(), ctypes.c_uint()
+    assert dcmi.dcmi_get_device_temperature(3, 0, ctypes.byref(value)) == -8005
     assert dcmi.dcmi_init() == 0
     assert dcmi.dcmi_get_device_temperature(3, 0, ctypes.byref(value)) == 0 and value.value == 61
     assert dcmi.dcmi_get_device_power_info(0, 0, ctypes.byref(value)) == 0 and value.value == 823
+    assert dcmi.dcmi_get_device_health(3, 1, ctypes.byref(health)) == 0 and health.value == 0xFFFFFFFF
+    assert dcmi.dcmi_get_device_num_in_card(3, ctypes.byref(value)) == 0 and value.value == 2
+    assert dcmi.dcmi_get_device_logic_id(ctypes.byref(value), 3, 1) == 0 and value.value == 2
     assert dcmi.dcmi_get_device_temperature(0, 0, None) == -8001
     assert dcmi.dcmi_get_device_temperature(1, 0, ctypes.byref(value)) == -8007
-    count, cards = ctypes.c_int(), (ctypes.c_int * 1)()
+    count, cards = ctypes.c_int(), (ctypes.c_int * 2)()
     assert dcmi.dcmi_get_card_list(ctypes.byref(count), cards, 1) == -8001  # two cards, room for one
+    assert dcmi.dcmi_get_card_list(ctypes.byref(count), cards, 2) == 0 and list(cards[:count.value]) == [0, 3]
