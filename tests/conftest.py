@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +46,8 @@ from conformance.harness import (  # noqa: F401  (re-exported for the tests)
 REPOSITORY = ROOT / "model_repository"
 #: The FAKE pyACL module: on a server's PYTHONPATH it is imported as `acl`.
 FAKE_ACL = ROOT / "tests" / "fake_acl"
+#: The FAKE of the Ascend driver's DCMI library (C), compiled by `build_fake_dcmi`.
+FAKE_DCMI = ROOT / "tests" / "fake_dcmi" / "dcmi.c"
 
 
 def core_request(inputs: dict, rows: int = 1, priority: int | None = None, timeout_us: int | None = None):
@@ -80,6 +83,32 @@ def write_faults(path: Path, entries: list) -> None:
     over it), as its docstring asks."""
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(entries))
+    temporary.replace(path)
+
+
+def build_fake_dcmi(directory: Path) -> Path:
+    """The FAKE libdcmi.so compiled into `directory` with gcc (`make test` installs it, as for
+    tests/cann_stubs); a server with `directory` on LD_LIBRARY_PATH loads it as the driver's."""
+    library = directory / "libdcmi.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(library), str(FAKE_DCMI)], check=True, timeout=60)
+    return library
+
+
+def fake_dcmi_env(library: Path, state: Path) -> dict[str, str]:
+    """A server's environment additions that make it load the FAKE libdcmi.so and read its machine from `state`."""
+    path = os.pathsep.join(filter(None, [str(library.parent), os.environ.get("LD_LIBRARY_PATH")]))
+    return {"LD_LIBRARY_PATH": path, "FAKE_DCMI_STATE": str(state)}
+
+
+def write_dcmi_state(path: Path, npus: list[tuple[int, int, int, int, int, int]], errors: list[tuple[str, int, int, int]] = (),
+                     holds: list[str] = ()) -> None:
+    """The FAKE DCMI's machine (tests/fake_dcmi/dcmi.c): `npus` (card, device, logic ID, degrees Celsius,
+    power in 0.1 W, health code), `errors` (call, card, device, code) and `holds` (calls that wait until
+    the file no longer names them), written whole (a file renamed over it)."""
+    lines = [f"npu {' '.join(map(str, npu))}" for npu in npus] + [f"error {' '.join(map(str, error))}" for error in errors]
+    lines += [f"hold {call}" for call in holds]
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(f"{line}\n" for line in lines))
     temporary.replace(path)
 
 

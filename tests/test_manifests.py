@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 
 import kserve_ascend.server  # noqa: F401  (first: it makes kserve importable beside tritonclient)
+from kserve_ascend.server.observability import npu_telemetry
 import jsonschema
 import kubernetes.client.models
 import kubernetes_validate
@@ -537,6 +538,34 @@ def test_the_dashboards_ab_row_sets_request_rate_p99_and_failure_rate_per_revisi
         assert 'revision=~"$revision"' in target["expr"]
     assert "histogram_quantile(0.99," in ab[1]["targets"][0]["expr"]
     assert "revision" in {variable["name"] for variable in dashboard["templating"]["list"]}
+
+
+def test_the_dashboards_device_rows_read_memory_loading_and_npu_telemetry():
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+
+    def row(title: str) -> dict[str, list[str]]:
+        """The row's panels after it, up to the next row: title -> their queries."""
+        (start,) = [i for i, panel in enumerate(panels) if panel["type"] == "row" and panel["title"] == title]
+        rest = panels[start + 1:]
+        rest = rest[:next((i for i, panel in enumerate(rest) if panel["type"] == "row"), len(rest))]
+        return {panel["title"]: [target["expr"] for target in panel["targets"]] for panel in rest}
+
+    memory = row("Device memory and model loading")
+    assert [re.search(r"\(ascend_device_memory_(\w+)_bytes\)", expr)[1] for expr in memory["Device memory"]] == ["used", "total", "budget"]
+    assert all(expr.startswith("max by (pod, device)") for expr in memory["Device memory"])
+    (per_version,) = memory["Memory per model version"]
+    assert per_version.startswith("sum by (pod, model, version) (ascend_model_memory_bytes{")
+    (loads,) = memory["Model loads by reason"]
+    assert "sum by (model, reason) (increase(ascend_model_loads{" in loads
+    (evictions,) = memory["Model evictions"]
+    assert "sum by (model) (increase(ascend_model_evictions{" in evictions
+    waits = memory["Wait for a model to load P99 / P50"]
+    assert [expr.split(",")[0] for expr in waits] == ["histogram_quantile(0.99", "histogram_quantile(0.50"]
+    assert all("sum by (le, model) (rate(ascend_model_load_wait_seconds_bucket{" in expr for expr in waits)
+    npu = row("NPU temperature, power and health")
+    assert npu == {title: [f"max by (pod, device) ({metric})"] for title, metric in (
+        ("NPU temperature", "ascend_npu_temperature_celsius"), ("NPU power", "ascend_npu_power_watts"), ("NPU health", "ascend_npu_health"))}
+    assert {metric for (expr,) in npu.values() for metric in re.findall(r"\((ascend_npu_\w+)\)", expr)} == set(npu_telemetry.METRICS)
 
 
 def test_the_dashboard_is_laid_out_and_wired_as_grafana_reads_it():

@@ -7,6 +7,7 @@ then waits for the requests already accepted (`lifecycle.Lifecycle`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -229,7 +230,8 @@ class LocalDataPlane:
         self.regions.unregister(name)
 
     async def metrics(self) -> bytes:
-        return generate_latest(self.metrics_registry)
+        # Off the loop: a scrape may wait on the NPU driver (npu_telemetry's DCMI calls).
+        return await asyncio.to_thread(generate_latest, self.metrics_registry)
 
     async def trace_settings(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
         if model and not getattr(self.repository.models.get(model), "ready", False):

@@ -29,6 +29,10 @@ unlimited); per loaded version `ascend_model_memory_bytes`; per model `ascend_mo
 (startup, explicit, on_demand, poll), `ascend_model_evictions` and the histogram
 `ascend_model_load_wait_seconds` of the time requests waited for its load on demand.
 
+Where the Ascend driver's DCMI library is present, each NPU's temperature, power and health too
+(`ascend_npu_temperature_celsius`, `ascend_npu_power_watts`, `ascend_npu_health`, labelled
+`device`; npu_telemetry.py), read at scrape by the process that holds the registry.
+
 The data plane renders a registry at `/metrics` of the HTTP port, and `--metrics_port` serves
 the same registry: in one process `prometheus_client.REGISTRY`, to which `register` adds the
 repository. With `--workers N` the engine process holds the repository, so it holds the
@@ -60,6 +64,7 @@ from ...core.models.memory import WAIT_BUCKETS_S, Ledger
 from ...core.models.repository import Repository
 from ...core.stats import FAILURE_REASONS, LATENCY_BUCKETS_S
 from .. import ports
+from . import npu_telemetry
 
 #: A served version and its health snapshot, taken once per scrape.
 Seen = tuple[ServedVersion, VersionHealth]
@@ -271,8 +276,14 @@ def _memory(ledger: Ledger, versions: list[ServedVersion]) -> Iterator[Metric]:
 def register(repository: Repository, port: int = 0) -> None:
     """Adds the repository's metrics to prometheus_client's registry; serves it on `port` too (0: no)."""
     REGISTRY.register(RepositoryCollector(repository))
+    _register_npu_telemetry(REGISTRY)
     if port:
         serve(port, REGISTRY)
+
+
+def _register_npu_telemetry(registry: CollectorRegistry) -> None:
+    if (telemetry := npu_telemetry.open_collector()) is not None:
+        registry.register(telemetry)
 
 
 def serve(port: int, registry: CollectorRegistry) -> None:
@@ -292,6 +303,7 @@ def engine_registry(repository: Repository, frontends_dir: str, port: int = 0) -
     (which write them to `frontends_dir`, their PROMETHEUS_MULTIPROC_DIR); served on `port` too (0: no)."""
     registry = CollectorRegistry()
     registry.register(RepositoryCollector(repository))
+    _register_npu_telemetry(registry)
     MultiProcessCollector(registry, frontends_dir)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
