@@ -188,7 +188,7 @@ class RepositoryCollector(Collector):
         utilization = _utilization(seen)
         if utilization.samples:  # absent, not zero, where no runtime can read its device
             yield utilization
-        yield from _memory(self.repository.memory, versions)
+        yield from _memory(self.repository.memory, list(self.repository.models), versions)
 
 
 def _labels(version: ServedVersion) -> list[str]:
@@ -239,7 +239,7 @@ def _utilization(seen: list[Seen]) -> GaugeMetricFamily:
     return metric
 
 
-def _memory(ledger: Ledger, versions: list[ServedVersion]) -> Iterator[Metric]:
+def _memory(ledger: Ledger, models: list[str], versions: list[ServedVersion]) -> Iterator[Metric]:
     used = GaugeMetricFamily("ascend_device_memory_used_bytes", "Memory in use on the device (the host's without pyACL)", labels=("device",))
     total = GaugeMetricFamily("ascend_device_memory_total_bytes", "Memory of the device (the host's without pyACL)", labels=("device",))
     budget = GaugeMetricFamily("ascend_device_memory_budget_bytes", "Memory the models may take on the device", labels=("device",))
@@ -260,15 +260,18 @@ def _memory(ledger: Ledger, versions: list[ServedVersion]) -> Iterator[Metric]:
     for (model, reason), count in list(ledger.loads.items()):
         loads.add_metric([model, reason], count)
     yield loads
+    # Every model of the repository has its series from the start, at zero until it is evicted or waited for:
+    # a dashboard's rate() and histogram_quantile() then show 0, not "no data" (Prometheus's advice on counters).
     evictions = _COUNTER("ascend_model_evictions", "Unloads of the model to make room for another (--load_on_demand)", labels=("model",))
-    for model, count in list(ledger.evictions.items()):
-        evictions.add_metric([model], count)
+    for model in models:
+        evictions.add_metric([model], ledger.evictions.get(model, 0))
     yield evictions
     waits = HistogramMetricFamily(
         "ascend_model_load_wait_seconds", "Time requests waited for the model to load on demand", labels=("model",)
     )
     bounds = [floatToGoString(b) for b in (*WAIT_BUCKETS_S, float("inf"))]
-    for model, (counts, seconds) in list(ledger.waits.items()):
+    for model in models:
+        counts, seconds = ledger.waits.get(model) or ([0] * len(bounds), 0.0)
         waits.add_metric([model], list(zip(bounds, itertools.accumulate(list(counts)))), seconds)
     yield waits
 
