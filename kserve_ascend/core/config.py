@@ -118,6 +118,36 @@ def model_file(config: mc.ModelConfig, version_dir: Path) -> Path:
     raise ModelLoadError(f"version {version_dir.name} has no model file (looked for {', '.join(names)})")
 
 
+#: The backend and platform Triton's auto-complete gives a config naming neither, by the model file it finds
+#: (core src/model_config_utils.cc, AutoCompleteBackendFields): of this server's files, only an ONNX one has one.
+TRITON_AUTO_BACKENDS = {"model.onnx": ("onnxruntime", "onnxruntime_onnx")}
+
+
+def complete_backend(config: mc.ModelConfig, path: Path) -> None:
+    """Names the backend of a config that names neither backend nor platform: Triton's for the file (and its
+    platform and default_model_filename, as Triton fills them in), else `ascend`, the backend serving it."""
+    if config.backend or config.platform:
+        return
+    if path.name in TRITON_AUTO_BACKENDS:
+        config.backend, config.platform = TRITON_AUTO_BACKENDS[path.name]
+        config.default_model_filename = config.default_model_filename or path.name
+    else:
+        config.backend = "ascend"
+
+
+def triton_needs(read: mc.ModelConfig, served: mc.ModelConfig) -> str:
+    """What a Triton deployment needs to serve a model as this server does, "" when nothing: `read` is the
+    config as config.pbtxt says it, `served` the one completed from the file (complete_backend)."""
+    if read.backend or read.platform:
+        return ""
+    if served.backend == "ascend":
+        return ("config.pbtxt names no backend, and Triton's auto-complete names one only for a model.onnx:"
+                ' under Triton this model needs a config.pbtxt with backend: "ascend"')
+    return (f"config.pbtxt names no backend: served as backend '{served.backend}', which Triton's auto-complete"
+            " names; Triton serves it with the ascend backend where that is installed under this name too"
+            ' (make triton and the kserve-ascend-triton image do), elsewhere it needs config.pbtxt with backend: "ascend"')
+
+
 def model_devices(config: mc.ModelConfig) -> list[int]:
     """The NPUs the model is given: the `device_ids` parameter ("0,1"), the CANN way of binding
     models to NPU cores; NPU 0 if it names none."""

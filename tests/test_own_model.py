@@ -1,0 +1,93 @@
+"""A user's own model on both servers (issue 31): one repository served alike, or refused alike, by the KServe
+server and real Triton 2.51 started as `make triton` starts it (tools/run_triton.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from tritonclient.grpc import model_config_pb2 as mc
+
+from conftest import REPOSITORY, ROOT, both_servers, tensors
+from kserve_ascend.core import config as cfg
+
+ADDER_INPUTS = {"INPUT0": np.arange(32, dtype=np.int32).reshape(2, 16), "INPUT1": np.ones((2, 16), np.int32)}
+
+
+def run_triton_module():
+    spec = importlib.util.spec_from_file_location("run_triton", ROOT / "tools" / "run_triton.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    repository = tmp_path_factory.mktemp("own")
+    # docs/own-model.md's first step: a folder with the model file and no config.pbtxt.
+    (repository / "adder" / "1").mkdir(parents=True)
+    (repository / "adder" / "1" / "model.onnx").write_bytes((REPOSITORY / "simple" / "1" / "model.onnx").read_bytes())
+    yield from both_servers(repository, tmp_path_factory, "--exit-on-error=false", wait_ready=False)
+
+
+def index(server) -> dict[str, dict]:
+    return {entry["name"]: entry for entry in requests.post(f"{server.url}/v2/repository/index").json()}
+
+
+# ---------------------------------------------------------------- item 1: a folder without config.pbtxt
+
+
+def test_a_config_less_onnx_folder_answers_alike_on_both(servers):
+    answers = {}
+    for name, server in servers.items():
+        with httpclient.InferenceServerClient(server.http) as client:
+            result = client.infer("adder", tensors(httpclient, ADDER_INPUTS))
+        answers[name] = (result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1"))
+    for name, (total, difference) in answers.items():
+        assert (total == ADDER_INPUTS["INPUT0"] + 1).all() and (difference == ADDER_INPUTS["INPUT0"] - 1).all(), name
+
+
+def test_a_config_less_onnx_folder_reports_the_backend_triton_names(servers):
+    ours, theirs = (requests.get(f"{s.url}/v2/models/adder/config").json() for s in servers.values())
+    fields = ("backend", "platform", "default_model_filename", "max_batch_size", "input", "output")
+    assert {f: ours[f] for f in fields} == {f: theirs[f] for f in fields}
+    assert (ours["backend"], ours["platform"]) == ("onnxruntime", "onnxruntime_onnx")
+    # Triton runs it with the ascend backend laid out as `onnxruntime` (tools/run_triton.py).
+    assert theirs["runtime"] == "model.py"
+    ours, theirs = (requests.get(f"{s.url}/v2/models/adder").json() for s in servers.values())
+    assert ours["platform"] == theirs["platform"] == "onnxruntime_onnx"
+
+
+def test_the_kserve_server_says_what_triton_needs_for_a_config_less_folder(servers):
+    ours, theirs = index(servers["kserve-ascend"]), index(servers["triton"])
+    assert "installed under this name" in ours["adder"]["triton"] and theirs["adder"]["state"] == "READY"
+    assert f"model 'adder': {ours['adder']['triton']}" in servers["kserve-ascend"].output()
+
+
+def test_a_config_less_file_triton_names_no_backend_for_is_served_as_ascend():
+    # Triton 2.51 on a config-less model.sim folder: "Could not determine backend for model 'bare_sim' with
+    # no backend in model configuration. Expected model name of the form 'model.<backend_name>'."
+    read = mc.ModelConfig(name="bare")
+    served = mc.ModelConfig(name="bare")
+    cfg.complete_backend(served, Path("1/model.om"))
+    assert served.backend == "ascend" and not served.platform
+    assert 'needs a config.pbtxt with backend: "ascend"' in cfg.triton_needs(read, served)
+    # A config naming its backend (or platform) needs nothing more, and is left as it is.
+    named = mc.ModelConfig(name="named", backend="ascend")
+    cfg.complete_backend(named, Path("1/model.onnx"))
+    assert named.backend == "ascend" and cfg.triton_needs(named, named) == ""
+
+
+def test_the_onnxruntime_alias_can_be_left_out(tmp_path):
+    launcher = run_triton_module()
+    launcher.assemble_backends(tmp_path)
+    alias = tmp_path / "onnxruntime" / "model.py"
+    assert alias.read_bytes() == (ROOT / "triton_backend" / "ascend" / "model.py").read_bytes()
+    # Off: a previous start's alias goes, so Triton refuses config-less ONNX folders as it ships.
+    assert launcher.parse_args(["--no-onnxruntime-as-ascend"]).onnxruntime_as_ascend is False
+    launcher.assemble_backends(tmp_path, onnxruntime_as_ascend=False)
+    assert not alias.parent.exists() and (tmp_path / "ascend" / "model.py").is_file()
