@@ -4,6 +4,9 @@ server and real Triton 2.51 started as `make triton` starts it (tools/run_triton
 from __future__ import annotations
 
 import importlib.util
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +15,7 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import REPOSITORY, ROOT, both_servers, tensors
+from conftest import REPOSITORY, ROOT, both_servers, copy_model, free_port, tensors
 from kserve_ascend.core import config as cfg
 
 ADDER_INPUTS = {"INPUT0": np.arange(32, dtype=np.int32).reshape(2, 16), "INPUT1": np.ones((2, 16), np.int32)}
@@ -25,13 +28,35 @@ def run_triton_module():
     return module
 
 
+def make_triton_args(**variables: str) -> list[str]:
+    """The tritonserver flags `make triton` passes (after run_triton.py's `--`), as the Makefile says."""
+    command = subprocess.run(
+        ["make", "-s", "-n", "triton", *(f"{k}={v}" for k, v in variables.items())],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.replace("\\\n", " ").strip().splitlines()[-1]  # the last line: pip may come first on a fresh clone
+    words = shlex.split(command)
+    assert words[1] == "tools/run_triton.py", command
+    return words[words.index("--") + 1:]
+
+
+def misnamed(repository: Path) -> Path:
+    """The issue's bad model: a config.pbtxt input name the model file lacks."""
+    model = copy_model("simple", repository, "misnamed")
+    config = model / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "INPUT0"', 'name: "IMAGE0"'))
+    return model
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     repository = tmp_path_factory.mktemp("own")
     # docs/own-model.md's first step: a folder with the model file and no config.pbtxt.
     (repository / "adder" / "1").mkdir(parents=True)
     (repository / "adder" / "1" / "model.onnx").write_bytes((REPOSITORY / "simple" / "1" / "model.onnx").read_bytes())
-    yield from both_servers(repository, tmp_path_factory, "--exit-on-error=false", wait_ready=False)
+    copy_model("simple", repository)
+    misnamed(repository)
+    # Both as `make serve` and `make triton` start them.
+    yield from both_servers(repository, tmp_path_factory, *make_triton_args(), wait_ready=False)
 
 
 def index(server) -> dict[str, dict]:
@@ -91,3 +116,40 @@ def test_the_onnxruntime_alias_can_be_left_out(tmp_path):
     assert launcher.parse_args(["--no-onnxruntime-as-ascend"]).onnxruntime_as_ascend is False
     launcher.assemble_backends(tmp_path, onnxruntime_as_ascend=False)
     assert not alias.parent.exists() and (tmp_path / "ascend" / "model.py").is_file()
+
+
+# ---------------------------------------------------------------- item 2: one failed model
+
+
+def test_one_failed_model_is_reported_and_the_others_served_on_both(servers):
+    for name, server in servers.items():
+        entries = index(server)
+        assert entries["misnamed"]["state"] == "UNAVAILABLE" and "IMAGE0" in entries["misnamed"]["reason"], name
+        assert entries["simple"]["state"] == entries["adder"]["state"] == "READY", name
+        with httpclient.InferenceServerClient(server.http) as client:
+            assert (client.infer("simple", tensors(httpclient, ADDER_INPUTS)).as_numpy("OUTPUT1") == ADDER_INPUTS["INPUT0"] - 1).all()
+            # Strict readiness, both: the server is not ready while a model it was asked to serve is not.
+            assert not client.is_server_ready() and client.is_server_live(), name
+            assert client.is_model_ready("simple") and not client.is_model_ready("misnamed"), name
+
+
+def test_the_default_make_triton_flags_are_the_documented_ones():
+    assert make_triton_args() == ["--exit-on-error=false"]
+    assert make_triton_args(TRITON_ARGS="") == []
+    assert make_triton_args(TRITON_ARGS="--log-verbose=1 --exit-on-error=true") == ["--log-verbose=1", "--exit-on-error=true"]
+
+
+def test_triton_by_its_own_default_stops_on_one_failed_model(tmp_path):
+    """`make triton TRITON_ARGS=`, and the kserve-ascend-triton image: Triton's own --exit-on-error=true."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    copy_model("simple", repository)
+    misnamed(repository)
+    command = [
+        sys.executable, str(ROOT / "tools" / "run_triton.py"), "--model-repository", str(repository),
+        "--backend-directory", str(tmp_path / "backends"), "--http-port", str(free_port()),
+        "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--", *make_triton_args(TRITON_ARGS=""),
+    ]  # fmt: skip
+    stopped = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode != 0
+    assert "error: creating server: Internal - failed to load all models" in stopped.stderr + stopped.stdout
