@@ -153,3 +153,16 @@ def test_triton_by_its_own_default_stops_on_one_failed_model(tmp_path):
     stopped = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert stopped.returncode != 0
     assert "error: creating server: Internal - failed to load all models" in stopped.stderr + stopped.stdout
+
+
+# ---------------------------------------------------------------- item 4: load errors without tracebacks
+
+
+def test_a_load_error_reads_alike_on_both(servers):
+    ours, theirs = index(servers["kserve-ascend"])["misnamed"]["reason"], index(servers["triton"])["misnamed"]["reason"]
+    assert ours == "config.pbtxt declares 'IMAGE0', the model file has ['INPUT0', 'INPUT1']"
+    # Triton's python backend writes "<code>: <exception type>: <message>", then the frames the exception left
+    # ("At:"): only the one it cannot avoid, the backend's `initialize`, none of the core's.
+    first, _, frames = theirs.partition("\n\nAt:\n")
+    assert first == f"Internal: ModelLoadError: {ours}"
+    assert [line.strip().rsplit(": ", 1)[-1] for line in frames.splitlines()] == ["initialize"]
