@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +168,21 @@ def test_a_load_error_reads_alike_on_both(servers):
     first, _, frames = theirs.partition("\n\nAt:\n")
     assert first == f"Internal: ModelLoadError: {ours}"
     assert [line.strip().rsplit(": ", 1)[-1] for line in frames.splitlines()] == ["initialize"]
+
+
+# ---------------------------------------------------------------- item 6: finding what happened
+
+
+def test_the_editable_install_of_make_serve_prints_no_setuptools_warning(tmp_path):
+    """`make serve` runs `pip install -e`, which builds the project with setuptools' PEP 660 hook: run here on a copy
+    of what it reads (no install), its warnings (the boxes between "!!" lines) are what pip would print."""
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "kserve_ascend", tmp_path / "kserve_ascend", ignore=shutil.ignore_patterns("__pycache__"))
+    build = "from setuptools import build_meta; print(build_meta.build_editable('dist'))"
+    built = subprocess.run([sys.executable, "-c", build], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "!!" not in built.stderr and "Warning" not in built.stderr, built.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / "dist" / built.stdout.split()[-1]) as wheel:
+        (pth,) = [name for name in wheel.namelist() if name.endswith(".pth")]
+        assert wheel.read(pth).decode().split() == [str(tmp_path)]
