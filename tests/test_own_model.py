@@ -17,9 +17,11 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import REPOSITORY, ROOT, both_servers, copy_model, free_port, tensors
+from conftest import REPOSITORY, ROOT, both_servers, copy_model, free_port, start_server, stop_server, tensors
 from kserve_ascend.core import config as cfg
 
+#: The KServe server's one log line saying the repository is loaded and served (server/lifecycle.py).
+READY_LINE = "repository loaded, serving:"
 ADDER_INPUTS = {"INPUT0": np.arange(32, dtype=np.int32).reshape(2, 16), "INPUT1": np.ones((2, 16), np.int32)}
 
 
@@ -186,3 +188,19 @@ def test_the_editable_install_of_make_serve_prints_no_setuptools_warning(tmp_pat
     with zipfile.ZipFile(tmp_path / "dist" / built.stdout.split()[-1]) as wheel:
         (pth,) = [name for name in wheel.namelist() if name.endswith(".pth")]
         assert wheel.read(pth).decode().split() == [str(tmp_path)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_ready_line_is_the_last_a_user_sees_at_start(tmp_path, workers):
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    copy_model("simple", repository)
+    server = start_server(repository, tmp_path / "server.log", workers=workers, wait=lambda s: READY_LINE in s.output())
+    stop_server(server)
+    lines = server.output().splitlines()
+    (ready,) = [i for i, line in enumerate(lines) if READY_LINE in line]
+    assert lines[ready].endswith(f"{READY_LINE} {{'simple': 'READY'}}")
+    # After every line of the start-up (the edges': uvicorn's, gRPC's, each frontend's; the models'), before the stop.
+    assert [i for i, line in enumerate(lines) if "Uvicorn running on" in line or "gRPC server listening" in line]
+    assert all(i < ready for i, line in enumerate(lines) if "Uvicorn running on" in line or "gRPC server listening" in line)
+    assert "shutting down" in lines[ready + 1], lines[ready:]
