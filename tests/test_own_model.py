@@ -54,6 +54,16 @@ def misnamed(repository: Path) -> Path:
     return model
 
 
+#: instance_group kinds (on the `sim` model, device_ids "0,1"): what both servers accept, and what Triton refuses
+#: on a host without NVIDIA GPUs (every Ascend host) that the KServe server serves with a warning.
+KINDS = {
+    "kind_cpu": "{ kind: KIND_CPU count: 2 }",
+    "kind_auto": "{ count: 1 }",
+    "kind_gpu": "{ kind: KIND_GPU count: 1 }",
+    "kind_model_gpus": "{ kind: KIND_MODEL count: 1 gpus: [ 1 ] }",
+}
+
+
 def image_mean(path: Path) -> None:
     """A config-less detector's input, as NudeNet's: `images` FP32 [N, 3, H, W] (H, W dynamic); its output, the mean
     of each channel [N, 3]."""
@@ -75,6 +85,10 @@ def servers(tmp_path_factory):
     copy_model("simple", repository)
     misnamed(repository)
     image_mean(repository / "image_mean" / "1" / "model.onnx")
+    for name, group in KINDS.items():
+        config = copy_model("sim", repository, name) / "config.pbtxt"
+        config.write_text(config.read_text().replace("{ kind: KIND_MODEL count: 1 }", group)
+                          + 'parameters { key: "device_ids" value: { string_value: "0,1" } }\n')
     # Both as `make serve` and `make triton` start them.
     yield from both_servers(repository, tmp_path_factory, *make_triton_args(), wait_ready=False)
 
@@ -173,6 +187,30 @@ def test_triton_by_its_own_default_stops_on_one_failed_model(tmp_path):
     stopped = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert stopped.returncode != 0
     assert "error: creating server: Internal - failed to load all models" in stopped.stderr + stopped.stdout
+
+
+# ---------------------------------------------------------------- item 3: instance_group kinds
+
+
+def test_instance_group_kinds_both_servers_accept_read_alike(servers):
+    for model in ("kind_cpu", "kind_auto", "adder"):
+        ours, theirs = (requests.get(f"{s.url}/v2/models/{model}/config").json()["instance_group"] for s in servers.values())
+        assert [(g["kind"], g["count"], g["gpus"]) for g in ours] == [(g["kind"], g["count"], g["gpus"]) for g in theirs], model
+    # Placed on the NPUs of device_ids, round-robin, on both (the backend places KIND_CPU instances as KIND_MODEL ones).
+    assert requests.get(f"{servers['kserve-ascend'].url}/v2/models/kind_cpu").json()["parameters"]["device_ids"] == "0,1"
+    log = servers["triton"].output()
+    assert "kind_cpu_0_0: model.sim with runtime sim on device 0" in log and "kind_cpu_0_1: model.sim with runtime sim on device 1" in log
+
+
+def test_what_triton_refuses_the_kserve_server_serves_with_tritons_words(servers):
+    ours, theirs = index(servers["kserve-ascend"]), index(servers["triton"])
+    for model in ("kind_gpu", "kind_model_gpus"):
+        assert theirs[model]["state"] == "UNAVAILABLE" and ours[model]["state"] == "READY", model
+        refusal = theirs[model]["reason"].removeprefix("Invalid argument: ").split(". GPUs with")[0]
+        assert refusal in ours[model]["triton"], (refusal, ours[model]["triton"])
+        assert f"WARNING [model.py:load():" in servers["kserve-ascend"].output() and refusal in servers["kserve-ascend"].output()
+    for model in ("kind_cpu", "kind_auto"):
+        assert "triton" not in ours[model] and theirs[model]["state"] == "READY", model
 
 
 # ---------------------------------------------------------------- item 4: load errors without tracebacks

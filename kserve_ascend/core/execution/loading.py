@@ -70,7 +70,6 @@ def load_instances(
         for device_id in device_ids:
             runtimes.append(load_runtime(config, path, device_id))
         complete_config(config, runtimes[0])
-        cfg.complete_backend(config, path)
         cfg.apply_input_shape(config)
         seq.apply_defaults(config)
         sequences = seq.SequenceBatching(config, model_dir) if config.HasField("sequence_batching") else None

@@ -124,13 +124,16 @@ class Model:
         retired = [v for number, v in self.versions.items() if served.get(number) is not v]
         self.weights = weights
         self.config = served[max(served)].config  # completed from the file where config.pbtxt was silent
-        self.triton_needs = cfg.triton_needs(config, self.config)
+        backend, refusals = cfg.triton_needs(config, self.config), cfg.triton_refusals(config)
+        self.triton_needs = "; ".join(filter(None, (backend, refusals)))
         self.versions = dict(sorted(served.items()))
         self.state, self.reason = State.READY, ""
         if loaded or retired:
             log.info("model '%s' is READY with versions %s (loaded %s)", self.name, sorted(served), sorted(loaded))
-            if self.triton_needs:
-                log.info("model '%s': %s", self.name, self.triton_needs)
+            if backend:
+                log.info("model '%s': %s", self.name, backend)
+            if refusals:
+                log.warning("model '%s': %s", self.name, refusals)
         return retired
 
     def _load_version(self, config: mc.ModelConfig, version: int) -> ServedVersion:
