@@ -3,7 +3,6 @@ server and real Triton 2.51 started as `make triton` starts it (tools/run_triton
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import shutil
@@ -22,17 +21,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from conftest import REPOSITORY, ROOT, both_servers, copy_model, free_port, start_server, stop_server, tensors
 from kserve_ascend.core import config as cfg
+from test_manifests import run_triton_module
 
 #: The KServe server's one log line saying the repository is loaded and served (server/lifecycle.py).
 READY_LINE = "repository loaded, serving:"
 ADDER_INPUTS = {"INPUT0": np.arange(32, dtype=np.int32).reshape(2, 16), "INPUT1": np.ones((2, 16), np.int32)}
-
-
-def run_triton_module():
-    spec = importlib.util.spec_from_file_location("run_triton", ROOT / "tools" / "run_triton.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_triton_args(**variables: str) -> list[str]:
