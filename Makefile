@@ -44,6 +44,10 @@ serve: METRICS_PORT ?= 9090
 triton: HTTP_PORT ?= 8000
 triton: GRPC_PORT ?= 8001
 triton: METRICS_PORT ?= 8002
+# `make triton`: tritonserver's own flags, after tools/run_triton.py's `--` (see `make serve`'s SERVE_ARGS).
+# Triton stops when a model fails to load; as `make serve` does, `make triton` serves the models that
+# load and reports the others in its repository index. TRITON_ARGS= gives Triton's own default.
+TRITON_ARGS ?= --exit-on-error=false
 # `make conformance`: the server the suite starts, kserve-ascend or triton.
 SERVER ?= kserve-ascend
 
@@ -53,7 +57,8 @@ help:
 	@echo 'make serve        serve MODEL_DIR (model_repository) on HTTP_PORT 8080, GRPC_PORT 8081, METRICS_PORT 9090;'
 	@echo '                  SERVE_ARGS adds flags (kserve-ascend --help lists them). Installs only what serving needs.'
 	@echo 'make test         every test, against real servers (installs the test toolchain, ~8 min)'
-	@echo 'make triton       real Triton 2.51 with the ascend backend on MODEL_DIR, ports 8000, 8001, 8002'
+	@echo 'make triton       real Triton 2.51 with the ascend backend on MODEL_DIR, ports 8000, 8001, 8002;'
+	@echo '                  TRITON_ARGS adds tritonserver flags (default: --exit-on-error=false).'
 	@echo 'make conformance  the OIP v2 conformance suite against a server it starts (SERVER=kserve-ascend or triton)'
 	@echo 'make bench        the benchmark against Triton, MLServer and stock KServe (~27 min; BENCH_ARGS=--quick: ~5 min)'
 	@echo 'make models       regenerate the committed model files from their seeds'
@@ -135,7 +140,7 @@ check-ascend: $(CANN_STAMP)
 # Real Triton (from the nvidia-pytriton wheel) with the `ascend` backend on :8000/:8001/:8002.
 triton: $(TRITON_STAMP)
 	$(BIN)/python tools/run_triton.py --model-repository $(MODEL_DIR) --http-port $(HTTP_PORT) \
-	  --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+	  --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) -- $(TRITON_ARGS)
 
 # The suite of conformance/ against a server it starts on conformance/models (python -m conformance
 # --http HOST:PORT --grpc HOST:PORT runs it against one you started).

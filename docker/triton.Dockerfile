@@ -26,6 +26,8 @@ COPY tools/run_triton.py ./tools/run_triton.py
 # 2.7): /opt/tritonserver/backends (python + ascend), Triton's default --backend-directory, and
 # /opt/tritonserver/bin/tritonserver, which runs the wheel's Triton with the arguments it is given
 # and the library path and PATH the python backend's stub needs. Root's, read-only for the user.
+# The ascend backend is laid out as `onnxruntime` too, so config-less model.onnx folders serve as on the
+# KServe server (docs/triton.md; --no-onnxruntime-as-ascend after --install leaves it out).
 RUN python tools/run_triton.py --install /opt/tritonserver
 ENV PATH=/opt/tritonserver/bin:${PATH}
 # run_triton.py assembles the backends afresh on every start in its default --backend-directory,

@@ -100,7 +100,7 @@ def test_defaults_filled_in_where_the_config_is_silent():
     written = cfg.config_json(config)
     assert written["version_policy"] == {"latest": {"num_versions": 1}}
     assert written["dynamic_batching"]["preferred_batch_size"] == [4]
-    assert [(g["name"], g["count"], g["kind"], g["gpus"]) for g in written["instance_group"]] == [("bare", 1, "KIND_MODEL", [])]
+    assert [(g["name"], g["count"], g["kind"], g["gpus"]) for g in written["instance_group"]] == [("bare", 1, "KIND_CPU", [])]
     assert written["input"][0]["dims"] == [2] and written["output"] == []
     # What the config says stays as it says it.
     config.version_policy.all.SetInParent()
@@ -123,8 +123,8 @@ GROUPS = {
     # Placed by the server, round-robin over device_ids: no gpus, as Triton writes for these kinds.
     "placed": ("{ kind: KIND_MODEL count: 3 }", ("KIND_MODEL", []), "0,1,0"),
     "cpu": ("{ kind: KIND_CPU count: 2 }", ("KIND_CPU", []), "0,1"),
-    # No kind (KIND_AUTO): resolved as Triton resolves it, to where this server places the group.
-    "unkind": ("{ count: 2 }", ("KIND_MODEL", []), "0,1"),
+    # No kind (KIND_AUTO): resolved as Triton resolves it where it finds no GPU (every Ascend host), placed as KIND_MODEL.
+    "unkind": ("{ count: 2 }", ("KIND_CPU", []), "0,1"),
     "unkind_listed": ("{ count: 1 gpus: [ 0, 1 ] }", ("KIND_GPU", [0, 1]), "0,1"),
 }
 

@@ -10,6 +10,14 @@ the stub for this Python, triton_python_backend_utils.py) and `triton_backend/as
 execs `tritonserver` with the library path and PATH the stub needs. Triton itself is used as
 shipped: it is the reference implementation of the protocol.
 
+The `ascend` backend is also laid out as `onnxruntime/model.py`, so that a model folder without
+config.pbtxt serves as it does on the KServe server: Triton's auto-complete names the backend of
+a folder holding `model.onnx` `onnxruntime` (core src/model_config_utils.cc,
+AutoCompleteBackendFields), and finding no `libtriton_onnxruntime.so` it runs a Python-based
+backend's `<backend-directory>/onnxruntime/model.py` (core src/backend_model.cc,
+GetBackendRuntimeLibraryName). This shadows Triton's own ONNX Runtime backend, which the wheel
+does not carry (where its library is present, it wins); `--no-onnxruntime-as-ascend` leaves it out.
+
 `--install PREFIX` lays Triton out as NVIDIA's images do, for whatever starts `tritonserver`
 itself (Seldon Core 2's triton ServerConfig): the backends in PREFIX/backends, Triton's default
 --backend-directory when PREFIX is /opt/tritonserver, and PREFIX/bin/tritonserver, which execs
@@ -37,8 +45,9 @@ def pytriton_paths() -> tuple[Path, Path]:
     return package / "tritonserver", package.parent / "nvidia_pytriton.libs"
 
 
-def assemble_backends(target: Path) -> Path:
-    """`<target>/python` from the wheel and `<target>/ascend` from triton_backend/ascend.
+def assemble_backends(target: Path, onnxruntime_as_ascend: bool = True) -> Path:
+    """`<target>/python` from the wheel, `<target>/ascend` from triton_backend/ascend, and (unless
+    `onnxruntime_as_ascend` is false) the same backend as `<target>/onnxruntime` (see the module's doc).
 
     Copies, not symlinks: Triton refuses a backend library whose real path escapes the
     backend directory. The default mode copies afresh on every start, so edits to model.py take effect.
@@ -55,15 +64,22 @@ def assemble_backends(target: Path) -> Path:
         python / "triton_python_backend_stub": server / f"python_backend_stubs/{version}/triton_python_backend_stub",
         ascend / "model.py": BACKEND / "model.py",
     }
+    alias = target / "onnxruntime" / "model.py"
+    alias.unlink(missing_ok=True)  # a previous start's, so that turning it off takes effect
+    if onnxruntime_as_ascend:
+        alias.parent.mkdir(exist_ok=True)
+        files[alias] = BACKEND / "model.py"
+    elif alias.parent.is_dir() and not any(alias.parent.iterdir()):
+        alias.parent.rmdir()
     for copy, source in files.items():
         copy.unlink(missing_ok=True)
         shutil.copy2(source, copy)
     return target
 
 
-def install(prefix: Path) -> Path:
+def install(prefix: Path, onnxruntime_as_ascend: bool = True) -> Path:
     """PREFIX/backends, and PREFIX/bin/tritonserver: this script's pass-through mode, run by this Python."""
-    backends = assemble_backends(prefix / "backends")
+    backends = assemble_backends(prefix / "backends", onnxruntime_as_ascend)
     wrapper = prefix / "bin" / "tritonserver"
     wrapper.parent.mkdir(parents=True, exist_ok=True)
     run = [sys.executable, str(Path(__file__).resolve()), "--pass-through", f"--backend-directory={backends}", "--"]
@@ -87,7 +103,7 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         # The caller's flags after ours: Triton takes the last of a repeated flag
         # (triton-inference-server/server src/command_line_parser.cc), so theirs win.
         return [str(server / "bin" / "tritonserver"), f"--backend-directory={args.backend_directory}", *args.triton_args], environment()
-    backends = assemble_backends(Path(args.backend_directory).resolve())
+    backends = assemble_backends(Path(args.backend_directory).resolve(), args.onnxruntime_as_ascend)
     argv = [
         str(server / "bin" / "tritonserver"),
         f"--model-repository={Path(args.model_repository).resolve()}",
@@ -112,6 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--install", metavar="PREFIX", type=Path, help="lay out PREFIX/backends and PREFIX/bin/tritonserver, then exit")
     parser.add_argument("--pass-through", action="store_true",
                         help="run tritonserver with only --backend-directory and the flags after --, the backends as they are")
+    parser.add_argument("--onnxruntime-as-ascend", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve models whose backend is 'onnxruntime' (a model.onnx folder without config.pbtxt)"
+                        " with the ascend backend (default: yes)")
     parser.add_argument("triton_args", nargs="*", help="further tritonserver flags, after --")
     return parser.parse_args(argv)
 
@@ -119,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.install:
-        print(install(args.install.resolve()))
+        print(install(args.install.resolve(), args.onnxruntime_as_ascend))
         return
     argv, env = command(args)
     os.execve(argv[0], argv, env)

@@ -118,6 +118,36 @@ def model_file(config: mc.ModelConfig, version_dir: Path) -> Path:
     raise ModelLoadError(f"version {version_dir.name} has no model file (looked for {', '.join(names)})")
 
 
+#: The backend and platform Triton's auto-complete gives a config naming neither, by the model file it finds
+#: (core src/model_config_utils.cc, AutoCompleteBackendFields): of this server's files, only an ONNX one has one.
+TRITON_AUTO_BACKENDS = {"model.onnx": ("onnxruntime", "onnxruntime_onnx")}
+
+
+def complete_backend(config: mc.ModelConfig, path: Path) -> None:
+    """Names the backend of a config that names neither backend nor platform: Triton's for the file (and its
+    platform and default_model_filename, as Triton fills them in), else `ascend`, the backend serving it."""
+    if config.backend or config.platform:
+        return
+    if path.name in TRITON_AUTO_BACKENDS:
+        config.backend, config.platform = TRITON_AUTO_BACKENDS[path.name]
+        config.default_model_filename = config.default_model_filename or path.name
+    else:
+        config.backend = "ascend"
+
+
+def triton_needs(read: mc.ModelConfig, served: mc.ModelConfig) -> str:
+    """What a Triton deployment needs to serve a model as this server does, "" when nothing: `read` is the
+    config as config.pbtxt says it, `served` the one completed from the file (complete_backend)."""
+    if read.backend or read.platform:
+        return ""
+    if served.backend == "ascend":
+        return ("config.pbtxt names no backend, and Triton's auto-complete names one only for a model.onnx:"
+                ' under Triton this model needs a config.pbtxt with backend: "ascend"')
+    return (f"config.pbtxt names no backend: served as backend '{served.backend}', which Triton's auto-complete"
+            " names; Triton serves it with the ascend backend where that is installed under this name too"
+            ' (make triton and the kserve-ascend-triton image do), elsewhere it needs config.pbtxt with backend: "ascend"')
+
+
 def model_devices(config: mc.ModelConfig) -> list[int]:
     """The NPUs the model is given: the `device_ids` parameter ("0,1"), the CANN way of binding
     models to NPU cores; NPU 0 if it names none."""
@@ -137,6 +167,39 @@ def group_devices(group: mc.ModelInstanceGroup, devices: list[int]) -> list[int]
     return list(devices) if group.kind == mc.ModelInstanceGroup.KIND_GPU else []
 
 
+#: Backends whose CPU groups Triton gives two instances by default (core's SetDefaultInstanceCount, model_config_utils.cc).
+TWO_CPU_INSTANCE_BACKENDS = frozenset({"onnxruntime", "tensorflow"})
+
+
+def instance_count(config: mc.ModelConfig, group: mc.ModelInstanceGroup) -> int:
+    """A group's instances: its `count`, else Triton's default, 2 for a CPU group of the backends above (and a group
+    without kind or `gpus`, which Triton makes KIND_CPU where it finds no GPU, as on every Ascend host), else 1."""
+    if group.count > 0:
+        return group.count
+    cpu = group.kind == mc.ModelInstanceGroup.KIND_CPU or (group.kind == mc.ModelInstanceGroup.KIND_AUTO and not group.gpus)
+    return 2 if cpu and config.backend in TWO_CPU_INSTANCE_BACKENDS else 1
+
+
+def triton_refusals(config: mc.ModelConfig) -> str:
+    """What Triton 2.51 refuses of the config's instance groups on a host without NVIDIA GPUs (every Ascend host), in
+    its words (core's ValidateInstanceGroup, model_config_utils.cc), which this server serves (KIND_GPU and `gpus` as
+    NPUs); "" when nothing."""
+    refused = []
+    for index, group in enumerate(config.instance_group):
+        name = group.name or f"{config.name}_{index}"
+        kind = mc.ModelInstanceGroup.Kind.Name(group.kind) if group.kind != mc.ModelInstanceGroup.KIND_AUTO else "KIND_CPU"
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
+            refused.append(f"instance group {name} of model {config.name} has kind KIND_GPU but no GPUs are available")
+        elif group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            refused.append(f"instance group {name} of model {config.name} specifies invalid or unsupported gpu id {group.gpus[0]}")
+        elif group.gpus:
+            refused.append(f"instance group {name} of model {config.name} has kind {kind} but specifies one or more GPUs")
+    if not refused:
+        return ""
+    return ("Triton refuses it where it finds no NVIDIA GPU, as on every Ascend host: " + "; ".join(refused)
+            + ' (use KIND_MODEL, and the NPUs in parameters { key: "device_ids" })')
+
+
 def device_placement(config: mc.ModelConfig) -> list[int]:
     """Device id of every instance to create, in order (see `instance_placement`)."""
     return [device for device, _ in instance_placement(config)]
@@ -152,8 +215,8 @@ def instance_placement(config: mc.ModelConfig) -> list[tuple[int, mc.ModelInstan
     """
     devices = model_devices(config)
     placement: list[tuple[int, mc.ModelInstanceGroup]] = []
-    for group in config.instance_group or [mc.ModelInstanceGroup(count=1)]:
-        count = group.count or 1
+    for group in config.instance_group or [mc.ModelInstanceGroup()]:
+        count = instance_count(config, group)
         if on := group_devices(group, devices):
             placement.extend((device, group) for device in on for _ in range(count))
         else:
@@ -172,9 +235,9 @@ def normalized(config: mc.ModelConfig) -> mc.ModelConfig:
 
     `version_policy`: latest 1 (what select_versions serves); `dynamic_batching`'s
     `preferred_batch_size`: [max_batch_size] (the batcher sends a full batch at once either way);
-    every `instance_group` named `<model>_<index>` with a count of at least 1 (one group named
+    every `instance_group` named `<model>_<index>` with its count (`instance_count`; one group named
     after the model when there is none), its kind resolved (no kind: KIND_GPU if it lists NPUs,
-    else KIND_MODEL, placed by this server) and its `gpus` the NPUs it runs on, as
+    else KIND_CPU, placed by this server) and its `gpus` the NPUs it runs on, as
     device_placement creates them (Triton resolves KIND_AUTO and fills a KIND_GPU group's
     `gpus` with every GPU, NormalizeInstanceGroup). Left out, as they
     describe Triton's own machinery: `optimization` (CUDA pinned memory, priorities) and
@@ -194,9 +257,10 @@ def normalized(config: mc.ModelConfig) -> mc.ModelConfig:
     devices = model_devices(config)
     for index, group in enumerate(config.instance_group):
         group.name = group.name or f"{config.name}_{index}"
-        group.count = max(group.count, 1)
+        group.count = instance_count(config, group)
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            group.kind = mc.ModelInstanceGroup.KIND_GPU if group.gpus else mc.ModelInstanceGroup.KIND_MODEL
+            # As Triton resolves it where it finds no GPU (every Ascend host): KIND_CPU, placed as KIND_MODEL.
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if group.gpus else mc.ModelInstanceGroup.KIND_CPU
         group.gpus[:] = group_devices(group, devices)
     return config
 

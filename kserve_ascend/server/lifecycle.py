@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable
 from typing import Protocol
 
 from ..core import heap
@@ -61,8 +62,9 @@ class Lifecycle:
         self._shutdown: asyncio.Task | None = None
         self.stopped = asyncio.Event()
 
-    async def run(self) -> None:
-        """The start-up load, then (poll mode) the repository followed until shutdown begins."""
+    async def run(self, listening: Awaitable[object] | None = None) -> None:
+        """The start-up load, then (poll mode) the repository followed until shutdown begins. Once the models are
+        loaded and the edges `listening`, the ready line: the last a user sees at start."""
         names = list(self.repository.models)
         if (self.control_mode == "explicit" or self.repository.load_on_demand) and "*" not in self.startup_models:
             names = self.startup_models  # on demand, the others load when a request asks for them
@@ -76,8 +78,10 @@ class Lifecycle:
             except AscendError as error:  # the model's reason is in the index; the others load
                 log.error("model '%s' did not load: %s", name, error)
         self.dataplane.loaded = True
-        log.info("repository loaded: %s", {m.name: m.state.value for m in self.repository.models.values()})
         heap.settle("repository loaded")
+        if listening is not None:
+            await listening
+        log.info("repository loaded, serving: %s", {m.name: m.state.value for m in self.repository.models.values()})
         if self.control_mode == "poll":
             async for _ in self.repository.follow(self._watching):
                 pass

@@ -68,7 +68,7 @@ async def _serve(server: AscendModelServer, lifecycle: Lifecycle) -> None:
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, lifecycle.shut_down, server)
-    loading = asyncio.create_task(lifecycle.run())
+    loading = asyncio.create_task(lifecycle.run(server.listening()))
     await server.serve()  # until the lifecycle has drained the models and stopped the edges
     loading.cancel()
     lifecycle.close()  # nothing is in flight: the devices go

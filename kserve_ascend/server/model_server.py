@@ -61,6 +61,11 @@ class AscendModelServer(kserve.ModelServer):
             serving.append(self.grpc.start())
         await asyncio.gather(*serving)
 
+    async def listening(self) -> None:
+        """Returns once the REST edge listens (uvicorn has said so; the gRPC edge starts with it)."""
+        while self.rest is None or not self.rest.started:
+            await asyncio.sleep(0.05)
+
     def shutting_down(self) -> None:
         """Nothing to do: the REST edge reads `dataplane.stopping` (`ClosesWhenStopping`)."""
 

@@ -108,9 +108,12 @@ class TritonPythonModel:
         self.decoupled = config.model_transaction_policy.decoupled
         device_id = _instance_device(config, args)
         name = args["model_instance_name"]
-        loaded = loading.load_instances(
-            config, Path(args["model_repository"]), int(args["model_version"]), [device_id], configured_warmup=False
-        )
+        try:
+            loaded = loading.load_instances(
+                config, Path(args["model_repository"]), int(args["model_version"]), [device_id], configured_warmup=False
+            )
+        except AscendError as error:
+            raise _without_traceback(error) from None
         self.instance = loaded.instances[0]
         self.signature, self.prepare_request = loaded.signature, loaded.prepare_request
         # A sequence model also takes the control inputs Triton's sequence batcher adds, and implicit
@@ -126,9 +129,9 @@ class TritonPythonModel:
             if loaded.samples:
                 warmup_ms = loading.warm_up(self.instance, loaded.samples, f"device {device_id}")
                 pb_utils.Logger.log_info(f"{name}: warmed up in {warmup_ms:.0f} ms ({len(loaded.samples)} samples)")
-        except AscendError:
+        except AscendError as error:
             loaded.close()
-            raise
+            raise _without_traceback(error) from None
         # The family outlives its metric (the stub refuses the other order).
         self.padding_family = pb_utils.MetricFamily(
             name=PADDING_METRIC,
@@ -229,6 +232,16 @@ def _watch_cancellation(sender, stop: threading.Event) -> None:
     while not stop.wait(CANCEL_POLL_S):
         if sender.is_cancelled():
             stop.set()
+
+
+def _without_traceback(error: AscendError) -> AscendError:
+    """A load error as the KServe server gives it (its one line), for raising from `initialize`.
+
+    python_backend reports what escapes `initialize` as pybind11's error_already_set::what() (python_backend
+    src/pb_stub.cc): the message, then "At:" and the Python frames of the exception's traceback, which the
+    model's repository index reason carries. Raised afresh in `initialize`, the error has that one frame left.
+    """
+    return error.with_traceback(None)
 
 
 def _error(error: Exception, code) -> pb_utils.InferenceResponse:

@@ -61,6 +61,8 @@ class Model:
         self.weights: dict[int, float] = {}
         self.state = State.UNAVAILABLE
         self.reason = "unloaded"
+        #: What Triton needs to serve the model as this server does (config.triton_needs), "" when nothing.
+        self.triton_needs = ""
         #: Whether the model is meant to serve (loaded or being loaded): what server readiness waits for.
         self.requested = False
         self._choose = random.Random().choices
@@ -122,10 +124,16 @@ class Model:
         retired = [v for number, v in self.versions.items() if served.get(number) is not v]
         self.weights = weights
         self.config = served[max(served)].config  # completed from the file where config.pbtxt was silent
+        backend, refusals = cfg.triton_needs(config, self.config), cfg.triton_refusals(config)
+        self.triton_needs = "; ".join(filter(None, (backend, refusals)))
         self.versions = dict(sorted(served.items()))
         self.state, self.reason = State.READY, ""
         if loaded or retired:
             log.info("model '%s' is READY with versions %s (loaded %s)", self.name, sorted(served), sorted(loaded))
+            if backend:
+                log.info("model '%s': %s", self.name, backend)
+            if refusals:
+                log.warning("model '%s': %s", self.name, refusals)
         return retired
 
     def refuse(self, reason: str) -> None:

@@ -141,14 +141,16 @@ class Repository:
         return all(model.ready for model in self.models.values() if model.requested)
 
     def index(self) -> list[dict]:
-        """Triton's repository index: name, version, state and reason of every model (and each file's sha256)."""
+        """Triton's repository index: name, version, state and reason of every model (and each file's sha256, and
+        what Triton needs to serve the model alike where it needs more than the repository: `triton`)."""
         entries = []
         for model in list(self.models.values()):
             versions = dict(model.versions)
             if versions:
+                note = {"triton": model.triton_needs} if model.triton_needs else {}
                 entries += [
                     {"name": model.name, "version": str(v), "state": model.state.value, "reason": model.reason,
-                     "sha256": served.sha256, "memory_bytes": sum(served.memory.values())}
+                     "sha256": served.sha256, "memory_bytes": sum(served.memory.values()), **note}
                     for v, served in versions.items()
                 ]
             else:

@@ -94,6 +94,7 @@ class ModelVersion(ServedVersion):
         source = config.SerializeToString(deterministic=True)
         labels = classification.read_labels(config, model_dir)
         _latency_target_ms(config)  # refused before anything is loaded
+        cfg.complete_backend(config, cfg.model_file(config, model_dir / str(version)))  # first: it sets default counts
         placement = cfg.instance_placement(config)
         gates = rate_limiter.register([(device, group.rate_limiter) for device, group in placement]) if rate_limiter else None
         try:

@@ -94,7 +94,7 @@ class Engine:
         self.frontends = [FrontendProcess(self, index) for index in range(self.args.workers)]
         for member in self.frontends:
             member.start()
-        loading = asyncio.create_task(self.lifecycle.run())
+        loading = asyncio.create_task(self.lifecycle.run(asyncio.gather(*(member.served.wait() for member in self.frontends))))
         await self.lifecycle.stopped.wait()
         await asyncio.gather(*(member.exited.wait() for member in self.frontends))
         loading.cancel()
@@ -194,7 +194,7 @@ class EngineDataPlane(LocalDataPlane):
 
     async def ready(self) -> bool:
         # Also every frontend, at start-up: a client that waits for readiness then finds each of them accepting.
-        return await super().ready() and all(member.served for member in self.engine.frontends)
+        return await super().ready() and all(member.served.is_set() for member in self.engine.frontends)
 
     async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         self.engine.read_frontends()

@@ -57,8 +57,9 @@ class Frontend:
         loop.add_signal_handler(signal.SIGINT, lambda: None)  # the engine drains, then tells this frontend to stop
         self.remote.start()
         serving = asyncio.create_task(self.server.serve(self.http_socket))
-        while not (self.server.rest is not None and self.server.rest.started) and not serving.done():
-            await asyncio.sleep(0.05)
+        listening = asyncio.ensure_future(self.server.listening())
+        await asyncio.wait([serving, listening], return_when=asyncio.FIRST_COMPLETED)
+        listening.cancel()
         if serving.done() and not self._stopping:
             await serving  # what stopped it: a port it could not bind, a certificate it could not read
             raise SystemExit(f"kserve-ascend: frontend {self.index} did not start")

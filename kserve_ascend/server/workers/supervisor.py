@@ -45,7 +45,7 @@ class FrontendProcess:
         self.process: multiprocessing.process.BaseProcess | None = None
         self.link: FrontendLink | None = None
         self.exited = asyncio.Event()
-        self.served = False  # whether any process of this frontend ever started serving
+        self.served = asyncio.Event()  # set once any process of this frontend starts serving
         self._deadline: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
@@ -67,7 +67,7 @@ class FrontendProcess:
         log.info("frontend %d started (pid %d)", self.index, self.process.pid)
 
     def _serving(self) -> None:
-        self.served = True
+        self.served.set()
         log.info("frontend %d (pid %d) serving", self.index, self.process.pid)
 
     def send(self, message) -> None:
@@ -100,7 +100,7 @@ class FrontendProcess:
         if self.engine.stopping:
             (log.info if code == 0 else log.warning)("frontend %d (pid %d) exited with code %s", self.index, self.process.pid, code)
             self.exited.set()
-        elif not self.served:
+        elif not self.served.is_set():
             self.exited.set()
             self.engine.frontend_failed(self)
         else:
