@@ -220,6 +220,21 @@ def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_rea
         stop_server(ours)
 
 
+def every_server(repository: Path, tmp_path_factory):
+    """For a module fixture (`yield from`): {"kserve-ascend": ..., "workers": (--workers 2) ..., "triton": ...} on one
+    repository."""
+    logs = tmp_path_factory.mktemp("logs")
+    started = {}
+    try:
+        started["kserve-ascend"] = start_server(repository, logs / "server.log", workers=1)
+        started["workers"] = start_server(repository, logs / "workers.log", workers=2)
+        started["triton"] = start_triton(repository, tmp_path_factory.mktemp("triton"))
+        yield started
+    finally:
+        for server in started.values():
+            stop_server(server)
+
+
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory) -> Server:
     """Real Triton 2.51 on the project's own model_repository/."""

@@ -23,7 +23,7 @@ import requests
 from tritonclient.grpc import service_pb2_grpc
 
 from conformance.harness import grpc_request, response_outputs, stream_infer
-from conftest import copy_model, core_request, scrape, start_server, start_triton, statistics, stop_server, wait_for
+from conftest import copy_model, core_request, every_server, scrape, start_server, statistics, stop_server, wait_for
 from kserve_ascend.core.errors import InternalError, InvalidInput
 from kserve_ascend.core.execution.threads import InstanceThread
 from kserve_ascend.core.scheduling.decoupled import StreamScheduler
@@ -84,16 +84,7 @@ def repository(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def servers(repository, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("logs")
-    started = {}
-    try:
-        started["kserve-ascend"] = start_server(repository, logs / "server.log", workers=1)
-        started["workers"] = start_server(repository, logs / "workers.log", workers=2)
-        started["triton"] = start_triton(repository, tmp_path_factory.mktemp("triton"))
-        yield started
-    finally:
-        for server in started.values():
-            stop_server(server)
+    yield from every_server(repository, tmp_path_factory)
 
 
 @pytest.fixture(params=TARGETS)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import copy_model, pending, start_server, start_triton, statistics, stop_server, wait_for
+from conftest import copy_model, every_server, pending, statistics, wait_for
 from kserve_ascend.core.errors import InvalidInput
 from kserve_ascend.server.edges.generate import decode_generate, encode_generate
 
@@ -70,16 +70,7 @@ def servers(tmp_path_factory):
     repository = tmp_path_factory.mktemp("generate_repo")
     copy_model("repeat_int32", repository)
     copy_model("simple", repository)
-    logs = tmp_path_factory.mktemp("logs")
-    started = {}
-    try:
-        started["kserve-ascend"] = start_server(repository, logs / "server.log", workers=1)
-        started["workers"] = start_server(repository, logs / "workers.log", workers=2)
-        started["triton"] = start_triton(repository, tmp_path_factory.mktemp("triton"))
-        yield started
-    finally:
-        for server in started.values():
-            stop_server(server)
+    yield from every_server(repository, tmp_path_factory)
 
 
 def test_generate_requests_count_in_statistics_as_in_triton(servers):

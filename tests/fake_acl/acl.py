@@ -1333,12 +1333,7 @@ mdl = types.ModuleType("acl.mdl", "FAKE acl.mdl (tests only)")
 @_api("acl.mdl.load_from_file")
 def _load_from_file(path: str):
     context = _require_context()
-    try:
-        descriptor = json.loads(Path(path).read_text())
-    except OSError as error:
-        raise _Fail(ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, str(error)) from None
-    except ValueError as error:
-        raise _Fail(ACL_ERROR_PARSE_MODEL, f"not a fake om descriptor: {error}") from None
+    descriptor = _read_descriptor(path)
     try:
         model = _Model(descriptor, context)
     except (KeyError, TypeError, ValueError) as error:
@@ -1353,13 +1348,17 @@ def _load_from_file(path: str):
 def _query_size(path: str):
     """The work and weight memory the model file needs; reads the file only (no device, no context)."""
     _require_init()
+    return _sizes(_read_descriptor(path))
+
+
+def _read_descriptor(path: str) -> dict:
+    """A fake .om file's descriptor (JSON); an unreadable or unparsable file fails with acl.mdl's codes for them."""
     try:
-        descriptor = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except OSError as error:
         raise _Fail(ACL_ERROR_GE_EXEC_MODEL_PATH_INVALID, str(error)) from None
     except ValueError as error:
         raise _Fail(ACL_ERROR_PARSE_MODEL, f"not a fake om descriptor: {error}") from None
-    return _sizes(descriptor)
 
 
 @_api("acl.mdl.unload")
