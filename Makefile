@@ -56,7 +56,7 @@ SERVER ?= kserve-ascend
 help:
 	@echo 'make serve        serve MODEL_DIR (model_repository) on HTTP_PORT 8080, GRPC_PORT 8081, METRICS_PORT 9090;'
 	@echo '                  SERVE_ARGS adds flags (kserve-ascend --help lists them). Installs only what serving needs.'
-	@echo 'make test         every test, against real servers (installs the test toolchain, ~8 min)'
+	@echo 'make test         every test, against real servers (installs the test toolchain, ~11 min)'
 	@echo 'make triton       real Triton 2.51 with the ascend backend on MODEL_DIR, ports 8000, 8001, 8002;'
 	@echo '                  TRITON_ARGS adds tritonserver flags (default: --exit-on-error=false).'
 	@echo 'make conformance  the OIP v2 conformance suite against a server it starts (SERVER=kserve-ascend or triton)'
