@@ -202,3 +202,14 @@ def test_tritons_client_example_runs_unchanged(target):
         [sys.executable, "simple_grpc_custom_repeat.py", "-u", target.grpc], cwd=EXAMPLES, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and "PASS: Decoupled API" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", ["kserve-ascend", "workers"])
+def test_a_refused_request_of_the_decoupled_model_is_an_error_response_naming_it(servers, name):
+    """An unknown output of repeat_int32, refused on the stream before the model runs: one error response with the
+    request's id and no final flag, the stream then ended. (Not asked of Triton 2.51: it loses that response now
+    and then and never ends the stream, or aborts; see conformance/cases/test_decoupled.py.)"""
+    responses = stream_infer(servers[name], [repeat([1], outputs=["NOPE"], id="o")])
+    assert [r.infer_response.id for r in responses] == ["o"]
+    assert "NOPE" in responses[0].error_message and not responses[0].infer_response.outputs
+    assert "triton_final_response" not in responses[0].infer_response.parameters

@@ -108,13 +108,16 @@ def test_the_unary_routes_refuse_a_decoupled_model(target):
 
 @pytest.mark.spec(f"{DECOUPLED}; Triton server src/grpc/stream_infer_handler.cc (a refused request's error response)")
 def test_a_request_refused_on_the_stream_is_an_error_response_naming_it(target):
+    # Not a refused request of the decoupled model itself (an unknown output of repeat_int32): Triton 2.51 then
+    # loses its error response now and then and never ends the stream (8 of 60 streams here), or aborts
+    # (grpc proto_buffer_writer.h "ASSERTION FAILED: !byte_buffer->Valid()"). tests/test_decoupled.py checks
+    # that refusal on kserve-ascend (test_a_refused_request_of_the_decoupled_model_is_an_error_response_naming_it).
     refused = [
         grpc_request("simple", {"INPUT0": np.ones((1, 16), np.int32)}, id="m"),  # missing INPUT1
         grpc_request("no_such_model", {"INPUT0": np.ones((1, 16), np.int32)}, id="u"),
-        repeat([1], outputs=["NOPE"], id="o"),
     ]
     responses = {response.infer_response.id: response for response in stream_infer(target, refused)}
-    assert sorted(responses) == ["m", "o", "u"]
+    assert sorted(responses) == ["m", "u"]
     for response in responses.values():
         assert response.error_message and not response.infer_response.outputs
         assert FINAL not in response.infer_response.parameters  # refused before any model: no flag
