@@ -87,6 +87,21 @@ async def _send_events(send: Send, call: Call, answer: Answer) -> None:
         await events.aclose()
 
 
+async def _repository_parameters(call: Call) -> dict:
+    """The `parameters` object of a repository load or unload body ({} without one)."""
+    body = await call.body()
+    parameters = (json_object(body) if body else {}).get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be an object")
+    return parameters
+
+
+async def _setting_changes(call: Call) -> dict | None:
+    """The changes a POST to a settings endpoint (trace, logging) asks for; None for a GET or an empty body."""
+    body = await call.body() if call.scope["method"] == "POST" else b""
+    return json_object(body) if body else None
+
+
 class Call:
     """One OIP request on its way: what the endpoints read of it, taken from the headers in one pass.
 
@@ -181,10 +196,7 @@ class RestEndpoints:
         return _json(await self.dataplane.repository_index())
 
     async def load_model(self, call: Call) -> Answer:
-        body = await call.body()
-        parameters = (json_object(body) if body else {}).get("parameters") or {}
-        if not isinstance(parameters, dict):
-            raise InvalidInput("'parameters' must be an object")
+        parameters = await _repository_parameters(call)
         if any(key.startswith("file:") for key in parameters):
             raise InvalidInput("file overrides ('file:<path>' parameters) are not supported: put the file in the repository")
         config = parameters.get("config")
@@ -194,11 +206,7 @@ class RestEndpoints:
         return _EMPTY
 
     async def unload_model(self, call: Call) -> Answer:
-        body = await call.body()
-        parameters = (json_object(body) if body else {}).get("parameters") or {}
-        if not isinstance(parameters, dict):
-            raise InvalidInput("'parameters' must be an object")
-        unload_dependents = parameters.get("unload_dependents", False)
+        unload_dependents = (await _repository_parameters(call)).get("unload_dependents", False)
         if not isinstance(unload_dependents, bool):  # Triton's words; its 2.51 then unloads anyway (deviations.yaml)
             raise InvalidInput("Unable to parse 'unload_dependents': attempt to access JSON non-boolean as boolean")
         await self.dataplane.unload_model(call.name, unload_dependents)
@@ -250,13 +258,11 @@ class RestEndpoints:
         """The trace extension, for the server (`/v2/trace/setting`) or a model (`/v2/models/{m}/trace/setting`)."""
         if call.version:
             raise ModelNotFound("Not Found")  # a setting is a model's, of no version: Triton has no such route
-        body = await call.body() if call.scope["method"] == "POST" else b""
-        return _json(await self.dataplane.trace_settings(call.name, json_object(body) if body else None))
+        return _json(await self.dataplane.trace_settings(call.name, await _setting_changes(call)))
 
     async def log_settings(self, call: Call) -> Answer:
         """The logging extension: GET answers the settings, POST changes those its JSON object names first."""
-        body = await call.body() if call.scope["method"] == "POST" else b""
-        return _json(await self.dataplane.log_settings(json_object(body) if body else None))
+        return _json(await self.dataplane.log_settings(await _setting_changes(call)))
 
     async def generate(self, call: Call) -> Answer:
         return await self._generate(call, streaming=False)
