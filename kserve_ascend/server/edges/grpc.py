@@ -133,13 +133,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @_answers_errors
     async def RepositoryModelUnload(self, request, context):
-        unload_dependents = False
-        if "unload_dependents" in request.parameters:
-            parameter = request.parameters["unload_dependents"]
-            if parameter.WhichOneof("parameter_choice") != "bool_param":  # Triton's words
-                raise InvalidInput("invalid value type for 'unload_dependents' parameter, expected bool_param.")
-            unload_dependents = parameter.bool_param
-        await self.dataplane.unload_model(request.model_name, unload_dependents)
+        await self.dataplane.unload_model(request.model_name, _bool_parameter(request.parameters, "unload_dependents"))
         return pb.RepositoryModelUnloadResponse()
 
     @_answers_errors
@@ -267,7 +261,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         `error_message` naming the request; one the model raised after it accepted the request is final.
         Cancelling this (the client went away) stops a decoupled model."""
         try:
-            empty_final = _empty_final_response(request)
+            empty_final = _bool_parameter(request.parameters, EMPTY_FINAL_RESPONSE)
             response = await self._infer(
                 request, context, lambda decoded, answer: self._stream_decoupled(decoded, answer, empty_final, send)
             )
@@ -310,12 +304,14 @@ FINAL_RESPONSE = "triton_final_response"
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 
 
-def _empty_final_response(request: pb.ModelInferRequest) -> bool:
-    if EMPTY_FINAL_RESPONSE not in request.parameters:
+def _bool_parameter(parameters, name: str) -> bool:
+    """A boolean request parameter (an inference's or a repository call's), False when absent; another type is
+    refused in Triton's words."""
+    if name not in parameters:
         return False
-    parameter = request.parameters[EMPTY_FINAL_RESPONSE]
+    parameter = parameters[name]
     if parameter.WhichOneof("parameter_choice") != "bool_param":
-        raise InvalidInput(f"invalid value type for '{EMPTY_FINAL_RESPONSE}' parameter, expected bool_param.")
+        raise InvalidInput(f"invalid value type for '{name}' parameter, expected bool_param.")
     return parameter.bool_param
 
 
