@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import shutil
@@ -15,9 +16,13 @@ import grpc
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
 from conftest import REPOSITORY, copy_model, post_infer, start_server, stop_server, wait_for
+from kserve_ascend.core.models.repository import Repository
+from kserve_ascend.server.dataplane.local import LocalDataPlane
+from kserve_ascend.server.lifecycle import Lifecycle
 
 SIMPLE_BODY = json.dumps(
     {
@@ -173,6 +178,34 @@ def test_poll_picks_up_new_models_and_drops_removed_ones(poll_server):
     response = post_infer(server, "simple_copy", SIMPLE_BODY)
     assert response.status_code == 404, response.text
     assert post_infer(server, "simple", SIMPLE_BODY).status_code == 200
+
+
+def test_poll_sees_a_model_copied_in_before_the_edges_are_all_listening(tmp_path):
+    """The watch starts before the ready line: with `--workers N` one frontend may answer ready (and a client
+    copy a model in) while another still starts. Such a model was once never loaded."""
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    copy_model("simple", repository)
+
+    async def scenario() -> set[str]:
+        dataplane = LocalDataPlane(Repository(repository), False, CollectorRegistry())
+        lifecycle = Lifecycle(dataplane, "poll", [], shutdown_timeout_s=5)
+        listening = asyncio.Event()
+        running = asyncio.create_task(lifecycle.run(listening.wait()))
+        while not dataplane.loaded:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(copy_model, "simple", repository, "simple_copy")
+        listening.set()
+        try:
+            while "simple_copy" not in dataplane.repository.models or not dataplane.repository.models["simple_copy"].ready:
+                await asyncio.sleep(0.05)
+            return set(dataplane.repository.models)
+        finally:
+            running.cancel()  # as the server does once it stopped
+            await asyncio.gather(running, return_exceptions=True)
+            lifecycle.close()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == {"simple", "simple_copy"}
 
 
 @WORKERS

@@ -65,6 +65,13 @@ class Lifecycle:
     async def run(self, listening: Awaitable[object] | None = None) -> None:
         """The start-up load, then (poll mode) the repository followed until shutdown begins. Once the models are
         loaded and the edges `listening`, the ready line: the last a user sees at start."""
+        following = None
+        if self.control_mode == "poll":
+            # Watching before the load, not after the ready line: a model copied in as soon as the server answered
+            # ready (with `--workers N`, one frontend may serve while the others start) was missed. The sleep lets
+            # the task take its first step, which starts the watch (watchfiles' awatch opens it before suspending).
+            following = asyncio.get_running_loop().create_task(self._follow())
+            await asyncio.sleep(0)
         names = list(self.repository.models)
         if (self.control_mode == "explicit" or self.repository.load_on_demand) and "*" not in self.startup_models:
             names = self.startup_models  # on demand, the others load when a request asks for them
@@ -82,9 +89,12 @@ class Lifecycle:
         if listening is not None:
             await listening
         log.info("repository loaded, serving: %s", {m.name: m.state.value for m in self.repository.models.values()})
-        if self.control_mode == "poll":
-            async for _ in self.repository.follow(self._watching):
-                pass
+        if following is not None:
+            await following  # until shutdown begins
+
+    async def _follow(self) -> None:
+        async for _ in self.repository.follow(self._watching):
+            pass
 
     def shut_down(self, edges: Edges) -> None:
         """Begins the shutdown, once (on the loop); `stopped` is set once the edges are told to stop."""
