@@ -13,7 +13,7 @@ import requests
 
 from conftest import copy_model, every_server, pending, statistics, wait_for
 from kserve_ascend.core.errors import InvalidInput
-from kserve_ascend.server.edges.generate import decode_generate, encode_generate
+from kserve_ascend.server.edges.generate import decode_generate, encode_generate, error_json
 
 SIMPLE = {"INPUT0": list(range(16)), "INPUT1": [1] * 16}
 
@@ -60,6 +60,16 @@ def test_an_answer_has_its_keys_in_byte_order_and_a_lone_element_as_a_scalar():
     )
     with pytest.raises(InvalidInput, match="not UTF-8"):
         encode_generate("m", 1, "", {"text": np.array([b"\xff"], object)})
+
+
+def test_an_error_within_an_answer_is_logged_as_the_edges_log_errors(caplog):
+    """A stream's status is sent before the model fails: the log is where a server fault shows (with its trace)."""
+    caplog.set_level("INFO", logger="kserve_ascend.server.edges.generate")
+    assert error_json(RuntimeError("device lost")) == b'{"error":"RuntimeError: device lost"}'
+    assert error_json(InvalidInput("no such output")) == b'{"error":"no such output"}'
+    fault, refusal = caplog.records
+    assert (fault.levelname, fault.exc_info[0]) == ("ERROR", RuntimeError)
+    assert (refusal.levelname, refusal.getMessage()) == ("INFO", "generate: no such output")
 
 
 # ---------------------------------------------------------------- real servers

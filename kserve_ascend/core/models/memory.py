@@ -48,6 +48,8 @@ MB = 1 << 20
 RESERVE_MB = 1024
 #: Bounds of the load wait histogram, seconds.
 WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
 def configured_bytes(config: mc.ModelConfig) -> int | None:
     """`parameters { key: "memory_mb" }`: what one instance takes, as the operator says (None: measure)."""
     return _megabytes(config, "memory_mb")

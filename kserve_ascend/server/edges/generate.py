@@ -21,6 +21,7 @@ A request refused before the model (malformed, unknown model, missing input) is 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -31,6 +32,8 @@ from ...core.errors import AscendError, InvalidInput
 from ..dataplane import InferRequest, ResponseStream
 from .codec import _from_json_data, _json_strings, json_object
 from .status import http_status, unexpected
+
+log = logging.getLogger(__name__)
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 JSON = [(b"content-type", b"application/json")]
@@ -111,7 +114,12 @@ def event(payload: bytes) -> bytes:
 
 
 def error_json(error: BaseException) -> bytes:
-    return orjson.dumps({"error": str(error) if isinstance(error, AscendError) else unexpected(error)})
+    """A model's error within an answer already under way, logged as the edges log errors (a fault with its trace)."""
+    if not isinstance(error, AscendError):
+        log.error("generate: unexpected error", exc_info=error)
+        return orjson.dumps({"error": unexpected(error)})
+    (log.error if status_of(error) == 500 else log.info)("generate: %s", error)
+    return orjson.dumps({"error": str(error)})
 
 
 def status_of(error: BaseException) -> int:

@@ -41,6 +41,7 @@ MODES = ("triton", "opentelemetry")
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 
+
 @dataclass
 class Setting:
     """One trace setting: its values, and (triton mode) the sampling and the traces collected under it."""
