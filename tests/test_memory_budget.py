@@ -222,6 +222,27 @@ def test_concurrent_requests_for_a_cold_model_start_one_load_and_wait_as_queue_t
     repository.models["cold"].close()
 
 
+def test_a_decoupled_models_request_waits_for_its_load_as_queue_time_and_is_one_use(tmp_path):
+    """As an ordinary model's: the data plane takes a streamed request once (its load wait was once measured, then
+    lost when the request was taken again as a stream, and its use counted twice, which ranks it for eviction)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    copy_model("repeat_int32", root)
+    repository, dataplane = on_demand(root, 1000)
+    inputs = {"IN": np.array([4, 2], np.int32), "DELAY": np.zeros(2, np.uint32), "WAIT": np.zeros(1, np.uint32)}
+
+    async def main():
+        stream = await dataplane.infer(InferRequest("repeat_int32", inputs), streaming=True)
+        return [int(outputs["OUT"][0]) async for outputs in stream]
+
+    assert run(main()) == [4, 2]
+    assert repository.memory.recent["repeat_int32"][1] == 0  # used once: no use before the last
+    counts, waited_s = repository.memory.waits["repeat_int32"]
+    stats = repository.models["repeat_int32"].versions[1].stats
+    assert sum(counts) == 1 and stats.queue.ns >= waited_s * 1e9 > stats.compute.input.ns
+    repository.models["repeat_int32"].close()
+
+
 def in_flight(repository: Repository, name: str) -> bool:
     versions = repository.models[name].versions
     return 1 in versions and versions[1].scheduler.outstanding > 0

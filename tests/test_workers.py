@@ -467,7 +467,7 @@ def test_the_frontend_forwards_every_method_of_the_data_plane():
     from kserve_ascend.server.workers.remote import FORWARDED, RemoteDataPlane
 
     methods = {name for name, _ in inspect.getmembers(DataPlane, inspect.isfunction) if not name.startswith("_")}
-    assert methods == FORWARDED | {"infer", "stream", "model_names"}
+    assert methods == FORWARDED | {"infer", "model_names"}
     def parameters(method) -> list:
         return [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()]
 

@@ -6,13 +6,15 @@ engine and never blocks its event loop. Every call is awaited, whichever it is.
 
 An inference is one call and one step after it: `infer` answers with the outputs, and the edge
 makes its answer of them inside `InferResult.answering()`, which then records the request (its
-statistics include the encoding). Nothing climbs back up from the data plane into an edge.
+statistics include the encoding). A decoupled model answers, on the routes that can carry them,
+with its stream of responses instead (`ResponseStream`). Nothing climbs back up from the data
+plane into an edge.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, ContextManager, Mapping, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, ClassVar, ContextManager, Mapping, Protocol, runtime_checkable
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -59,6 +61,8 @@ class InferRequest:
 class InferResult(Protocol):
     """The answer of an inference, for the edge to encode inside `answering()`."""
 
+    #: False: what tells it from a `ResponseStream` (one attribute read, where an isinstance of a protocol takes µs).
+    streamed: ClassVar[bool]
     model_name: str
     model_version: int
     outputs: Mapping[str, np.ndarray]
@@ -68,10 +72,11 @@ class InferResult(Protocol):
 
 
 class ResponseStream(Protocol):
-    """A decoupled model's answer to one request (`DataPlane.stream`): each response's outputs as the model
-    produces them; the end of the iteration is the final flag. An error of the model raises from the iteration
-    (the request is answered). The request is recorded in the statistics when the iteration ends."""
+    """A decoupled model's answer to one request (`DataPlane.infer` with `streaming`): each response's outputs as
+    the model produces them; the end of the iteration is the final flag. An error of the model raises from the
+    iteration (the request is answered). The request is recorded in the statistics when the iteration ends."""
 
+    streamed: ClassVar[bool]  # True
     model_name: str
     model_version: int
 
@@ -126,11 +131,9 @@ class DataPlane(Protocol):
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """The repository extension's unload; `unload_dependents`: also the step models loaded along with it."""
 
-    async def infer(self, request: InferRequest) -> InferResult:
-        """Unsupported(DECOUPLED_REFUSED) for a decoupled model, whose answer is a `stream`."""
-
-    async def stream(self, request: InferRequest) -> ResponseStream:
-        """A decoupled model's responses to `request`; a malformed request raises here, before any response."""
+    async def infer(self, request: InferRequest, streaming: bool = False) -> InferResult | ResponseStream:
+        """The answer to `request`; a decoupled model's is its stream of responses where the route can carry one
+        (`streaming`), else Unsupported(DECOUPLED_REFUSED). A malformed request raises here, before any response."""
 
     async def shm_status(self, name: str = "") -> list[dict[str, Any]]: ...
 

@@ -34,6 +34,7 @@ class Answer:
     """An inference's outputs; the request is recorded once its answer is made (`answering`)."""
 
     __slots__ = ("model_name", "model_version", "outputs", "timing")
+    streamed = False
 
     def __init__(self, served: ServedVersion, outputs: dict, timing: RequestTiming):
         self.model_name, self.model_version, self.outputs, self.timing = served.name, served.version, outputs, timing
@@ -52,6 +53,7 @@ class Streamed:
     """A decoupled model's responses to one request (`ResponseStream`)."""
 
     __slots__ = ("model_name", "model_version", "_responses")
+    streamed = True
 
     def __init__(self, served: ServedVersion, responses: Responses):
         self.model_name, self.model_version, self._responses = served.name, served.version, responses
@@ -149,19 +151,22 @@ class LocalDataPlane:
         if not self.explicit_control:
             raise InvalidInput("explicit model load / unload is not allowed: start the server with --model_control_mode explicit")
 
-    async def infer(self, request: InferRequest) -> Answer:
-        """Runs a decoded request; its answer, for the edge to encode inside `answering()`."""
+    async def infer(self, request: InferRequest, streaming: bool = False) -> Answer | Streamed:
+        """Runs a decoded request; its answer, for the edge to encode inside `answering()` (or a decoupled
+        model's responses, `streaming`)."""
         if self.stopping:  # no await from here to the scheduler: a request is refused here or drained
             raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
         options = RequestOptions.parse(request.parameters)
         served, waited_ns = await self._served(request, options)
-        if served.decoupled:
+        if served.decoupled and not streaming:
             raise Unsupported(DECOUPLED_REFUSED)
         inputs = request.inputs
         if RAW_INPUT in inputs:
             inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
         timing = RequestTiming(request.received_ns)
         timing.load_wait_ns = waited_ns
+        if served.decoupled:
+            return Streamed(served, served.stream(inputs, request.outputs, options, timing))
         if self.traces.active:
             timing.trace = self.traces.sample(request.model_name, request.id, request.protocol)
             if timing.trace is not None:
@@ -204,21 +209,6 @@ class LocalDataPlane:
             waited = now_ns() - start
             self.repository.record_wait(request.model_name, waited / 1e9)
         return waited
-
-    async def stream(self, request: InferRequest) -> Streamed:
-        """A decoupled model's responses to a decoded request (an ordinary model's answer is `infer`'s)."""
-        if self.stopping:
-            raise Unavailable(f"{SHUTTING_DOWN}: it accepts no new request")
-        options = RequestOptions.parse(request.parameters)
-        served, waited_ns = await self._served(request, options)
-        if not served.decoupled:
-            raise InvalidInput(f"model '{request.model_name}' is not decoupled: it answers every request once (infer)")
-        inputs = request.inputs
-        if RAW_INPUT in inputs:
-            inputs = served.signature.raw_input(inputs[RAW_INPUT], request.model_name)
-        timing = RequestTiming(request.received_ns)
-        timing.load_wait_ns = waited_ns
-        return Streamed(served, served.stream(inputs, request.outputs, options, timing))
 
     async def shm_status(self, name: str = "") -> list[dict[str, Any]]:
         return self.regions.status(name)

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2_grpc
 from ...core import tracing
 from ...core.errors import AscendError, InvalidInput, Unsupported
 from ...core.stats import now_ns
-from ..dataplane import DataPlane
+from ..dataplane import DataPlane, ResponseStream
 from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
 from ..observability import logs
 from .codec import decode_grpc, encode_grpc
@@ -144,8 +144,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise Unsupported(f"ModelInfer RPC {error}") from None
 
     async def _infer(self, request: pb.ModelInferRequest, context: aio.ServicerContext, decoupled=None) -> pb.ModelInferResponse | None:
-        """The request's answer; for a decoupled model, what `decoupled(decoded, answer)` does with its stream of
-        responses (in the request's span), or Unsupported where the route answers once."""
+        """The request's answer; for a decoupled model, what `decoupled(decoded, answer, stream)` does with its
+        stream of responses (in the request's span), or Unsupported where the route answers once (no `decoupled`)."""
         if request.id:
             logs.begin_request(request.id)  # the OIP id names the request ahead of the metadata
         with tracing.infer_span(request.model_name, _trace_carrier(context), logs.request_id) as span:
@@ -154,12 +154,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 decoded, answer = await decode_grpc_off_loop(request, self.dataplane.regions, received)
             else:
                 decoded, answer = decode_grpc(request, self.dataplane.regions, received)
-            try:
-                result = await self.dataplane.infer(decoded)
-            except Unsupported:
-                if decoupled is None:
-                    raise
-                return await decoupled(decoded, answer)
+            result = await self.dataplane.infer(decoded, streaming=decoupled is not None)
+            if result.streamed:
+                return await decoupled(decoded, answer, result)
             with result.answering():
                 response = encode_grpc(result.model_name, result.model_version, decoded.id, result.outputs, answer)
             if span is not None:
@@ -263,7 +260,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             empty_final = _bool_parameter(request.parameters, EMPTY_FINAL_RESPONSE)
             response = await self._infer(
-                request, context, lambda decoded, answer: self._stream_decoupled(decoded, answer, empty_final, send)
+                request, context, lambda decoded, answer, stream: self._stream_decoupled(decoded, answer, stream, empty_final, send)
             )
         except Exception as error:
             return send(_stream_error(error, pb.ModelInferResponse(id=request.id)))
@@ -271,9 +268,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             response.parameters[FINAL_RESPONSE].bool_param = True
             send(pb.ModelStreamInferResponse(infer_response=response))
 
-    async def _stream_decoupled(self, decoded, answer, empty_final: bool, send) -> None:
-        """A decoupled model's responses, each `send` as it comes; a request it refuses raises (before any)."""
-        stream = await self.dataplane.stream(decoded)
+    async def _stream_decoupled(self, decoded, answer, stream: ResponseStream, empty_final: bool, send) -> None:
+        """A decoupled model's responses, each `send` as it comes."""
         final = pb.ModelInferResponse(id=decoded.id, model_name=stream.model_name)
         final.parameters[FINAL_RESPONSE].bool_param = True
         try:

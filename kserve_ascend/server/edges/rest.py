@@ -283,14 +283,13 @@ class RestEndpoints:
                 logs.begin_request(request.id)
             watch = call.cancel_if_client_leaves(asyncio.get_running_loop())
             try:
-                result = await self.dataplane.infer(request)
-            except Unsupported:  # a decoupled model: its answers are a stream of responses
-                stream = await self.dataplane.stream(request)
-                if streaming:
-                    events = await generate.Events(stream, request.id).opened()
-                    return events.status, events, generate.SSE
-                status, body = await generate.decoupled_answer(stream, request.id)
-                return status, body, generate.JSON
+                result = await self.dataplane.infer(request, streaming=True)
+                if result.streamed:  # a decoupled model: its answers are a stream of responses
+                    if streaming:
+                        events = await generate.Events(result, request.id).opened()
+                        return events.status, events, generate.SSE
+                    status, body = await generate.decoupled_answer(result, request.id)
+                    return status, body, generate.JSON
             finally:
                 watch.cancel()
             with result.answering():

@@ -15,7 +15,7 @@ from opentelemetry import propagate
 
 from ...core import datatypes
 from ...core.stats import RequestTiming, now_ns
-from ..dataplane import InferRequest
+from ..dataplane import InferRequest, ResponseStream
 from ..dataplane.local import LocalDataPlane
 from ..observability import logs
 from . import messages
@@ -63,7 +63,7 @@ class FrontendLink:
     def _received(self, message: messages.Message) -> None:
         kind = type(message)
         if kind is messages.Infer:
-            self._spawn(message.call, self._stream(message) if message.stream else self._infer(message))
+            self._spawn(message.call, self._infer(message))
         elif kind is messages.Done:
             entry = self.answered.pop(message.call, None)
             if entry is not None and message.answered is not None:  # None: its client left, counted nowhere
@@ -99,6 +99,8 @@ class FrontendLink:
         task.add_done_callback(lambda _, call=call: self.tasks.pop(call, None))
 
     async def _infer(self, message: messages.Infer) -> None:
+        """An inference: `Inferred`, or (a decoupled model's, `streaming`) `Streaming` once it is taken, then its
+        responses (`_stream`)."""
         logs.begin_request(message.log_id)
         token = otel_context.attach(propagate.extract(message.trace)) if message.trace is not None else None
         try:
@@ -106,8 +108,11 @@ class FrontendLink:
                 message.model_name, self._tensors(message.block, message.inputs), message.model_version, message.id,
                 tuple(message.outputs), message.parameters, message.classification, message.received_ns, message.protocol,
             )
-            answer = await self.dataplane.infer(request)
+            answer = await self.dataplane.infer(request, message.streaming)
             del request  # its inputs: the frontend may reuse their memory once the last array over it is gone
+            if answer.streamed:
+                self.channel.send(messages.Streaming(message.call, answer.model_name, answer.model_version))
+                return await self._stream(message.call, answer)
             timing = answer.timing
             try:
                 block, outputs = write(self.outputs, answer.outputs.items())
@@ -124,37 +129,18 @@ class FrontendLink:
             if token is not None:
                 otel_context.detach(token)
 
-    async def _stream(self, message: messages.Infer) -> None:
-        """A decoupled model's request: `Streaming` once it is taken, a `Response` per response, then `Final`; a
-        `Cancel` from the frontend (its client left) cancels this, which stops the model producing."""
-        logs.begin_request(message.log_id)
-        token = otel_context.attach(propagate.extract(message.trace)) if message.trace is not None else None
-        try:
-            request = InferRequest(
-                message.model_name, self._tensors(message.block, message.inputs), message.model_version, message.id,
-                tuple(message.outputs), message.parameters, message.classification, message.received_ns,
-            )
-            responses = await self.dataplane.stream(request)
-        except asyncio.CancelledError:
-            self.channel.send(messages.Failed(message.call, "cancelled", "the client went away"))
-            return
-        except Exception as error:
-            self.channel.send(messages.failure(message.call, error))
-            return
-        finally:
-            if token is not None:
-                otel_context.detach(token)
-        del request  # the frontend may reuse the inputs' memory once the model is done with them
-        self.channel.send(messages.Streaming(message.call, responses.model_name, responses.model_version))
+    async def _stream(self, call: int, responses: ResponseStream) -> None:
+        """A decoupled model's responses: a `Response` each, then `Final`; a `Cancel` from the frontend (its client
+        left) cancels this, which stops the model producing. Answers every error itself."""
         try:
             async for outputs in responses:
                 block, tensors = write(self.outputs, outputs.items())
-                self.channel.send(messages.Response(message.call, block, tensors))
-            self.channel.send(messages.Final(message.call))
+                self.channel.send(messages.Response(call, block, tensors))
+            self.channel.send(messages.Final(call))
         except asyncio.CancelledError:
             pass  # its client left: nobody reads what would follow
         except Exception as error:
-            self.channel.send(messages.failure(message.call, error))
+            self.channel.send(messages.failure(call, error))
         finally:
             await responses.aclose()
 

@@ -20,7 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from ...core.errors import AscendError, InvalidInput, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable, Unsupported
 
 #: Changes with any message's fields.
-VERSION = 2
+VERSION = 3
 
 
 class Message(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -94,8 +94,9 @@ class Infer(Message):
     trace: dict[str, str] | None = None
     #: What it came in by (HTTP or GRPC), for the trace extension's timestamps.
     protocol: str = "HTTP"
-    #: A decoupled model's request (`DataPlane.stream`): answered by `Streaming`, a `Response` each, then `Final`.
-    stream: bool = False
+    #: Whether a decoupled model may answer with its responses (`DataPlane.infer`'s `streaming`): then `Streaming`,
+    #: a `Response` each and `Final` answer it, not `Inferred`.
+    streaming: bool = False
 
 
 class Done(Message):
@@ -138,7 +139,7 @@ class Inferred(Message):
 
 
 class Streaming(Message):
-    """A decoupled model took the request (`Infer` with `stream`): its responses follow, then `Final` (or `Failed`)."""
+    """A decoupled model took the request (`Infer` with `streaming`): its responses follow, then `Final` (or `Failed`)."""
 
     call: int
     model_name: str

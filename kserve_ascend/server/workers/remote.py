@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: The data-plane methods a frontend forwards to the engine as they are.
 FORWARDED = frozenset(
-    name for name, method in inspect.getmembers(DataPlane, inspect.iscoroutinefunction) if name not in ("infer", "stream")
+    name for name, method in inspect.getmembers(DataPlane, inspect.iscoroutinefunction) if name != "infer"
 )
 #: Of those, what is cached until the repository changes.
 CACHED = frozenset({"model_metadata", "model_config"})
@@ -50,6 +50,7 @@ class RemoteAnswer:
     """An inference's answer, its outputs over the engine's arena; `answering` reports the encoding to the engine."""
 
     __slots__ = ("model_name", "model_version", "outputs", "_channel", "_call", "_start")
+    streamed = False
 
     def __init__(self, channel: Channel, call: int, answer: messages.Inferred, outputs: dict[str, np.ndarray]):
         self.model_name, self.model_version, self.outputs = answer.model_name, answer.model_version, outputs
@@ -73,6 +74,7 @@ class RemoteStream:
     from the engine's arena. Closing it before the final flag cancels the request in the engine."""
 
     __slots__ = ("model_name", "model_version", "_dataplane", "_call", "_queue", "_ended")
+    streamed = True
 
     def __init__(self, dataplane: RemoteDataPlane, call: int, started: messages.Streaming, queue: asyncio.Queue):
         self.model_name, self.model_version = started.model_name, started.model_version
@@ -151,7 +153,7 @@ class RemoteDataPlane(_Forwarded):
         self.catch_up(MODELS, lambda: self._models_seen)
         return list(self._names)
 
-    async def infer(self, request: InferRequest) -> RemoteAnswer:
+    async def infer(self, request: InferRequest, streaming: bool = False) -> RemoteAnswer | RemoteStream:
         block, inputs = self._write_inputs(request.inputs)
         trace = None
         if tracing.enabled:
@@ -160,19 +162,13 @@ class RemoteDataPlane(_Forwarded):
         call, future = self._send(True, lambda call: messages.Infer(
             call, request.model_name, request.model_version, request.id, list(request.outputs), request.parameters,
             request.classification, request.received_ns, block, inputs, logs.request_id(), trace, request.protocol,
+            streaming,
         ))
         answer = await self._answer(call, future)
+        if type(answer) is messages.Streaming:
+            return RemoteStream(self, call, answer, self._streams[call])
         # Read in place: the engine's block is freed once the last array made of it is gone.
         return RemoteAnswer(self.channel, call, answer, self.outputs.tensors(answer.block, answer.outputs))
-
-    async def stream(self, request: InferRequest) -> RemoteStream:
-        block, inputs = self._write_inputs(request.inputs)
-        call, future = self._send(True, lambda call: messages.Infer(
-            call, request.model_name, request.model_version, request.id, list(request.outputs), request.parameters,
-            request.classification, request.received_ns, block, inputs, logs.request_id(), None, request.protocol, stream=True,
-        ))
-        started = await self._answer(call, future)
-        return RemoteStream(self, call, started, self._streams[call])
 
     def _write_inputs(self, inputs: Mapping[str, np.ndarray]) -> tuple[messages.Block | None, list[messages.Tensor]]:
         """Where each input lies, in the request's order: in this frontend's arena (written there now), or, for one a
@@ -279,8 +275,7 @@ class RemoteDataPlane(_Forwarded):
             self._streams[message.call] = asyncio.Queue()  # now: its responses may follow in this same read
         if future.done():  # its caller left: free what the engine wrote for it, and count it nowhere
             if infer and type(message) is messages.Inferred:
-                if message.block is not None:
-                    self.channel.send(messages.Free(message.block.segment, message.block.offset))
+                self.free(message)
                 self.channel.send(messages.Done(message.call, 0, None))
             return
         if type(message) is messages.Failed:
@@ -289,8 +284,8 @@ class RemoteDataPlane(_Forwarded):
             future.set_result(message if infer else message.value)
 
     def free(self, message: messages.Message) -> None:
-        """A decoupled model's response nobody reads: its block goes back to the engine."""
-        if type(message) is messages.Response and message.block is not None:
+        """An answer or a decoupled model's response nobody reads: its block goes back to the engine."""
+        if (type(message) is messages.Response or type(message) is messages.Inferred) and message.block is not None:
             self.channel.send(messages.Free(message.block.segment, message.block.offset))
 
     def _engine_gone(self) -> None:
