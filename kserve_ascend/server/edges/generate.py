@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ...core.errors import AscendError, InvalidInput
+from ...core.errors import InvalidInput
 from ..dataplane import InferRequest, ResponseStream
 from .codec import _from_json_data, _json_strings, json_object
-from .status import http_status, unexpected
+from .status import http_status, logged
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +114,8 @@ def event(payload: bytes) -> bytes:
 
 
 def error_json(error: BaseException) -> bytes:
-    """A model's error within an answer already under way, logged as the edges log errors (a fault with its trace)."""
-    if not isinstance(error, AscendError):
-        log.error("generate: unexpected error", exc_info=error)
-        return orjson.dumps({"error": unexpected(error)})
-    (log.error if status_of(error) == 500 else log.info)("generate: %s", error)
-    return orjson.dumps({"error": str(error)})
-
-
-def status_of(error: BaseException) -> int:
-    return http_status(error) if isinstance(error, AscendError) else 500
+    """A model's error within an answer already under way (logged)."""
+    return orjson.dumps({"error": logged(log, "generate", error)})
 
 
 async def decoupled_answer(stream: ResponseStream, request_id: str) -> tuple[int, bytes]:
@@ -136,7 +128,7 @@ async def decoupled_answer(stream: ResponseStream, request_id: str) -> tuple[int
             status = status or 200
     except Exception as error:  # the model's error: its last response
         answers.append(error_json(error))
-        status = status or status_of(error)
+        status = status or http_status(error)
     finally:
         await stream.aclose()
     return status or 200, answers[0] if len(answers) == 1 else orjson.dumps({"error": NOT_ONE_RESPONSE})
@@ -158,7 +150,7 @@ class Events:
         except StopAsyncIteration:
             pass
         except Exception as error:  # the model failed at once: the answer has its status
-            self._first, self.status = event(error_json(error)), status_of(error)
+            self._first, self.status = event(error_json(error)), http_status(error)
         return self
 
     def _event(self, outputs: Mapping[str, np.ndarray]) -> bytes:

@@ -23,7 +23,7 @@ from ..dataplane.shm import CUDA_SHM_UNSUPPORTED
 from ..observability import logs
 from .codec import decode_grpc, encode_grpc
 from .offload import OFF_LOOP_BYTES, decode_grpc_off_loop, grpc_typed_bytes
-from .status import grpc_code, unexpected
+from .status import grpc_code, logged, unexpected
 
 log = logging.getLogger(__name__)
 
@@ -286,12 +286,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 def _stream_error(error: Exception, response: pb.ModelInferResponse) -> pb.ModelStreamInferResponse:
-    """An error as a stream's response: a core error's message (logged as its status deserves), else a fault's."""
-    if isinstance(error, AscendError):
-        (log.error if grpc_code(error) is grpc.StatusCode.INTERNAL else log.info)("ModelStreamInfer: %s", error)
-        return pb.ModelStreamInferResponse(error_message=str(error), infer_response=response)
-    log.error("ModelStreamInfer: unexpected error", exc_info=error)
-    return pb.ModelStreamInferResponse(error_message=unexpected(error), infer_response=response)
+    """An error as a stream's response (logged)."""
+    return pb.ModelStreamInferResponse(error_message=logged(log, "ModelStreamInfer", error), infer_response=response)
 
 
 #: The parameter that marks a streamed response final, and the request parameter that asks for a final flag

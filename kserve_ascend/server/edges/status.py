@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 from ...core.errors import AscendError, InvalidInput, ModelNotFound, ModelNotReady, Unavailable, Unsupported
@@ -17,12 +19,12 @@ _CODE = {
 }
 
 
-def http_status(error: AscendError) -> int:
+def http_status(error: BaseException) -> int:
     """4xx for client mistakes; 503 for a full queue or a queue timeout (retry); 500 for faults."""
     return _STATUS.get(type(error), 500)
 
 
-def grpc_code(error: AscendError) -> grpc.StatusCode:
+def grpc_code(error: BaseException) -> grpc.StatusCode:
     return _CODE.get(type(error), grpc.StatusCode.INTERNAL)
 
 
@@ -32,3 +34,13 @@ def unexpected(error: Exception) -> str:
     Named by its type, since the text of many exceptions (a KeyError's) says little alone.
     """
     return f"{type(error).__name__}: {error}"
+
+
+def logged(log: logging.Logger, where: str, error: BaseException) -> str:
+    """The message of an error answered within a response already under way (a stream's, whose status is sent),
+    logged as the edges log errors: a fault at error (an unexpected one with its traceback), a client's at info."""
+    if not isinstance(error, AscendError):
+        log.error("%s: unexpected error", where, exc_info=error)
+        return unexpected(error)
+    (log.error if http_status(error) == 500 else log.info)("%s: %s", where, error)
+    return str(error)
