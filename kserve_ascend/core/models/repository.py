@@ -345,7 +345,10 @@ class Repository:
     # ------------------------------------------------------------ memory and loading on demand
 
     def touch(self, name: str) -> None:
-        """A request for `name` (and so for the steps of an ensemble): the most recently used now."""
+        """A request for `name` (and so for the steps of an ensemble): the most recently used now. Only loading on
+        demand chooses by use (`Ledger.victims`): without it a request does no such work."""
+        if not self.load_on_demand:
+            return
         self.memory.touch(name)
         for step in self._steps.get(name, ()):
             self.memory.touch(step)
