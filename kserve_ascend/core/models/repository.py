@@ -368,17 +368,19 @@ class Repository:
                 return {}
             source = config.SerializeToString(deterministic=True)
             versions = cfg.select_versions(config, cfg.available_versions(model.model_dir))
-            devices = cfg.device_placement(config)
             estimates: dict[int, dict[int, int]] = {}
             for version in versions:
                 current = model.versions.get(version)
                 if current is not None and current.healthy and current.unchanged(source, model.model_dir):
                     continue  # serves on as it is
-                path = cfg.model_file(config, model.model_dir / str(version))
+                completed = mc.ModelConfig.FromString(source)  # per version, as ModelVersion.load completes it
+                path = cfg.model_file(completed, model.model_dir / str(version))
+                cfg.complete_backend(completed, path)  # before the placement: the backend sets default instance counts
+                devices = cfg.device_placement(completed)
                 last = self.memory.last.get((model.name, version))
                 need = estimates[version] = collections.Counter()
                 for device in devices:
-                    need[device] += memory.estimate(config, path, last, lambda p, d=device: _query_om(p, d))
+                    need[device] += memory.estimate(completed, path, last, lambda p, d=device: _query_om(p, d))
         except Exception as error:  # the load reports what is wrong
             log.debug("no memory estimate for model '%s': %s", model.name, error)
             return {}
