@@ -378,9 +378,11 @@ class Repository:
                 cfg.complete_backend(completed, path)  # before the placement: the backend sets default instance counts
                 devices = cfg.device_placement(completed)
                 last = self.memory.last.get((model.name, version))
+                # One instance's estimate, asked once (an `.om` is queried on its first device): the same on each.
+                each = memory.estimate(completed, path, last, lambda p, d=devices[0]: _query_om(p, d))
                 need = estimates[version] = collections.Counter()
                 for device in devices:
-                    need[device] += memory.estimate(completed, path, last, lambda p, d=device: _query_om(p, d))
+                    need[device] += each
         except Exception as error:  # the load reports what is wrong
             log.debug("no memory estimate for model '%s': %s", model.name, error)
             return {}
