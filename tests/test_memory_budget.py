@@ -408,3 +408,11 @@ def test_an_ensemble_request_whose_step_is_unloaded_under_it_fails_and_the_unloa
     run(main(), timeout_s=10)
     for model in repository.models.values():
         model.close()
+
+
+def test_a_load_is_admitted_for_the_instances_its_completed_config_places(tmp_path):
+    # No config.pbtxt: a model.onnx is completed as onnxruntime, whose CPU group has two instances by default.
+    (tmp_path / "repo" / "plain" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "plain" / "1" / "model.onnx").write_bytes(b"\0" * 1000)
+    repository = Repository(tmp_path / "repo", ledger=Ledger(150))
+    assert repository._estimates(repository.models["plain"], None) == {1: {0: 2000}}

@@ -259,3 +259,18 @@ def test_a_models_spent_count_stays_spent_when_the_global_setting_changes(tmp_pa
     assert manager.answer("simple")["trace_count"] == "0"
     assert manager.answer("simple")["trace_rate"] == "2"  # not given for the model: the global one
     assert manager.update("simple", {"trace_count": None})["trace_count"] == "-1"
+
+
+def test_an_http_trace_of_a_request_never_queued_writes_its_tensors_after_the_send(tmp_path):
+    """Triton's order whatever is present: a request refused before it was queued has no QUEUE_START, and at level
+    TENSORS its first tensor once took that place, before HTTP_SEND_START."""
+    from kserve_ascend.core.stats import RequestTiming
+    from kserve_ascend.server.observability import traces
+
+    manager = traces.manager_of([f"triton,file={tmp_path / 'trace.json'}", "level=TIMESTAMPS", "level=TENSORS", "rate=1"])
+    trace = manager.sample("simple", "a", "HTTP")
+    trace.inputs(1, {"INPUT0": np.zeros((1, 4), np.float32)})
+    entries = trace._entries(RequestTiming(start=100), 200)
+    names = [e["timestamps"][0]["name"] if "timestamps" in e else e.get("activity", "info") for e in entries]
+    assert names == ["HTTP_RECV_START", "HTTP_RECV_END", "info", "REQUEST_START", "HTTP_SEND_START", "HTTP_SEND_END",
+                     "TENSOR_QUEUE_INPUT", "REQUEST_END"]  # fmt: skip

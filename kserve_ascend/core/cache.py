@@ -27,7 +27,7 @@ import hashlib
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class ResponseCache:
         self._entries: OrderedDict[bytes, tuple[dict[str, np.ndarray], int]] = OrderedDict()
         self._scopes = itertools.count(1)
         # Triton's local cache counters (its metrics), lookup and insertion times in microseconds.
-        self.hits = self.misses = self.lookups = self.evictions = 0
+        self.hits = self.misses = self.evictions = 0
         self.lookup_us = self.insertion_us = 0
 
     @staticmethod
@@ -86,8 +86,7 @@ class ResponseCache:
             array = inputs[name]
             digest.update(f"{len(name)}:{name}{from_numpy(array.dtype)}{array.shape}".encode())
             if array.dtype.kind in "OSU":
-                for item in array.ravel():
-                    item = item if isinstance(item, bytes) else str(item).encode()
+                for item in _elements(array):
                     digest.update(len(item).to_bytes(4, "little"))
                     digest.update(item)
             else:
@@ -98,7 +97,6 @@ class ResponseCache:
     def lookup(self, key: bytes) -> dict[str, np.ndarray] | None:
         """The answer stored under `key` (now the most recently used), or None."""
         start = time.perf_counter_ns()
-        self.lookups += 1
         entry = self._entries.get(key)
         if entry is None:
             self.misses += 1
@@ -133,6 +131,10 @@ class ResponseCache:
     def entries(self) -> int:
         return len(self._entries)
 
+    @property
+    def lookups(self) -> int:
+        return self.hits + self.misses
+
 
 def entry_size(outputs: Mapping[str, np.ndarray]) -> int:
     """Bytes of an answer as Triton packs it in its cache (core `CacheEntry::GetByteSize`)."""
@@ -140,10 +142,15 @@ def entry_size(outputs: Mapping[str, np.ndarray]) -> int:
     for name, array in outputs.items():
         size += 8 + 4 + len(name.encode()) + 4 + len(from_numpy(array.dtype)) + 4 + 8 * array.ndim + 8
         if array.dtype.kind in "OSU":
-            size += sum(4 + len(item if isinstance(item, bytes) else str(item).encode()) for item in array.ravel())
+            size += sum(4 + len(item) for item in _elements(array))
         else:
             size += array.nbytes
     return size
+
+
+def _elements(array: np.ndarray) -> Iterator[bytes]:
+    """The elements of a BYTES array, each as bytes (a str as its UTF-8)."""
+    return (item if isinstance(item, bytes) else str(item).encode() for item in array.ravel())
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

@@ -81,7 +81,7 @@ class RequestTiming:
     """
 
     __slots__ = (
-        "answer_start", "cache_hit_ns", "cache_miss_ns", "cached", "enqueued", "execution", "load_wait_ns", "start", "stats",
+        "answer_start", "cache_hit_ns", "cache_miss_ns", "enqueued", "execution", "load_wait_ns", "start", "stats",
         "trace",
     )
 
@@ -91,9 +91,8 @@ class RequestTiming:
         self.execution: Execution | None = None
         self.stats: VersionStats | None = None
         self.answer_start = 0
-        #: Whether the response cache answered it, and the cache's part (Triton's cache_hit / cache_miss).
-        self.cached = False
-        self.cache_hit_ns = 0
+        #: The cache's part when the response cache answered it / did not (Triton's cache_hit / cache_miss), else None.
+        self.cache_hit_ns: int | None = None
         self.cache_miss_ns: int | None = None
         #: How long it waited for its model to load (on demand): queue time, not compute.
         self.load_wait_ns = 0
@@ -110,7 +109,7 @@ class RequestTiming:
     def cache_hit(self, stats: VersionStats, enqueued: int, lookup_start: int, lookup_end: int) -> None:
         """The response cache answered the request: from `enqueued` to the lookup (hashing it) it queued, as
         Triton counts a hit's queue time; no execution ran (empty phases)."""
-        self.stats, self.enqueued, self.cache_hit_ns, self.cached = stats, enqueued, lookup_end - lookup_start, True
+        self.stats, self.enqueued, self.cache_hit_ns = stats, enqueued, lookup_end - lookup_start
         self.execution = Execution(lookup_start)
 
     def cache_missed(self, ns: int) -> None:
@@ -130,7 +129,7 @@ class RequestTiming:
             return  # never queued, or recorded already
         self.stats = None
         end = now_ns()
-        if ok and self.cached:
+        if ok and self.cache_hit_ns is not None:
             stats.record_cache_hit(self, end)
         elif ok:
             stats.record_success(self, end, end - self.answer_start if answer_ns is None else answer_ns)

@@ -715,9 +715,8 @@ def _failure(wrapper: Wrapper, ret: int):
     if wrapper.result == "i" and wrapper.failed is None:
         return ret
     failed = wrapper.failed if wrapper.failed is not None else {} if wrapper.result[0] == "O" else 0
-    if len(wrapper.result) > 2:  # the zero-initialised outputs, then the aclError
-        return (*[failed] * (len(wrapper.result) - 1), ret)
-    return (failed, ret) if len(wrapper.result) > 1 else failed
+    # The zero-initialised outputs, then the aclError (a wrapper building one value alone returns that value).
+    return (*[failed] * (len(wrapper.result) - 1), ret) if len(wrapper.result) > 1 else failed
 
 
 def _api(name: str):
@@ -1107,10 +1106,10 @@ def _synchronize_stream_with_timeout(stream: int, timeout: int):
 
 @_api("acl.rt.malloc")
 def _malloc(size: int, policy: int):
-    _require_context()
+    context = _require_context()
     if size <= 0 or policy not in (0, 1, 2):
         raise _Fail(ACL_ERROR_INVALID_PARAM, f"malloc({size}, {policy})")
-    device = _state.contexts[_require_context()]
+    device = _state.contexts[context]
     _take(device, size, ACL_ERROR_RT_MEMORY_ALLOCATION)
     address = _state.device_address(size)
     _state.regions[address] = _Region("device", memoryview(bytearray(size)), device=device)

@@ -172,7 +172,7 @@ class TritonPythonModel:
             try:
                 inputs = self._accepted(request)
             except InvalidInput as error:
-                responses[position] = _error(error, pb_utils.TritonError.INVALID_ARG)
+                responses[position] = _error(error)
                 continue
             batch.append(inputs)
             positions.append(position)
@@ -186,15 +186,13 @@ class TritonPythonModel:
             except AscendError as error:
                 results = None
                 # InvalidInput here: data only the model could judge (an image that does not decode).
-                code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidInput) else pb_utils.TritonError.INTERNAL
                 for position in positions:
-                    responses[position] = _error(error, code)
+                    responses[position] = _error(error)
             if results is not None:
                 for position, outputs, names in zip(positions, results, wanted):
                     if self.states is not None:
                         self.states.keep(requests[position].correlation_id(), requests[position].flags(), outputs)
-                    tensors = [pb_utils.Tensor(n, np.ascontiguousarray(outputs[n])) for n in names]
-                    responses[position] = pb_utils.InferenceResponse(output_tensors=tensors)
+                    responses[position] = _response(outputs, names)
         return responses
 
     def _stream(self, request) -> None:
@@ -209,10 +207,9 @@ class TritonPythonModel:
             for outputs in self.instance.responses(self._accepted(request), stop):
                 if stop.is_set():  # cancelled
                     break
-                sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(outputs[n])) for n in names]))
+                sender.send(_response(outputs, names))
         except AscendError as error:
-            code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidInput) else pb_utils.TritonError.INTERNAL
-            sender.send(_error(error, code), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(_error(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         finally:
             stop.set()
@@ -244,5 +241,12 @@ def _without_traceback(error: AscendError) -> AscendError:
     return error.with_traceback(None)
 
 
-def _error(error: Exception, code) -> pb_utils.InferenceResponse:
+def _response(outputs: dict[str, np.ndarray], names: list[str]) -> pb_utils.InferenceResponse:
+    """A response of the outputs asked for (`names`)."""
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(outputs[n])) for n in names])
+
+
+def _error(error: AscendError) -> pb_utils.InferenceResponse:
+    """An error response: INVALID_ARG for the request's fault (InvalidInput), else INTERNAL."""
+    code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidInput) else pb_utils.TritonError.INTERNAL
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))

@@ -29,6 +29,7 @@ decides what is evictable).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import itertools
 import logging
@@ -221,8 +222,7 @@ class Ledger:
         counts = self.waits.get(name)
         if counts is None:
             counts = self.waits[name] = [[0] * (len(WAIT_BUCKETS_S) + 1), 0.0]
-        index = next((i for i, bound in enumerate(WAIT_BUCKETS_S) if seconds <= bound), len(WAIT_BUCKETS_S))
-        counts[0][index] += 1
+        counts[0][bisect.bisect_left(WAIT_BUCKETS_S, seconds)] += 1  # the first bound >= seconds (+Inf past the last)
         counts[1] += seconds
 
 

@@ -111,10 +111,7 @@ class Model:
             for version in loaded.values():
                 version.close()
             reason = str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
-            if self.versions and self.ready:
-                self.reason = f"a reload failed, versions {sorted(self.versions)} serve on: {reason}"
-            else:
-                self.state, self.reason = State.UNAVAILABLE, reason
+            self._failed(reason)
             log.error("model '%s' failed to load: %s", self.name, reason)
             raise ModelLoadError(reason) from None
         for version in loaded.values():
@@ -139,11 +136,15 @@ class Model:
     def refuse(self, reason: str) -> None:
         """A load refused before it began (it would not fit in the memory budget): recorded as a load that failed."""
         self.requested = True
+        self._failed(reason)
+        log.error("model '%s' was not loaded: %s", self.name, reason)
+
+    def _failed(self, reason: str) -> None:
+        """A load failed for `reason`: the versions serving serve on (the reason says so), else the model is UNAVAILABLE."""
         if self.versions and self.ready:
             self.reason = f"a reload failed, versions {sorted(self.versions)} serve on: {reason}"
         else:
             self.state, self.reason = State.UNAVAILABLE, reason
-        log.error("model '%s' was not loaded: %s", self.name, reason)
 
     def _load_version(self, config: mc.ModelConfig, version: int) -> ServedVersion:
         if ensemble.is_ensemble(config):

@@ -345,7 +345,10 @@ class Repository:
     # ------------------------------------------------------------ memory and loading on demand
 
     def touch(self, name: str) -> None:
-        """A request for `name` (and so for the steps of an ensemble): the most recently used now."""
+        """A request for `name` (and so for the steps of an ensemble): the most recently used now. Only loading on
+        demand chooses by use (`Ledger.victims`): without it a request does no such work."""
+        if not self.load_on_demand:
+            return
         self.memory.touch(name)
         for step in self._steps.get(name, ()):
             self.memory.touch(step)
@@ -365,17 +368,21 @@ class Repository:
                 return {}
             source = config.SerializeToString(deterministic=True)
             versions = cfg.select_versions(config, cfg.available_versions(model.model_dir))
-            devices = cfg.device_placement(config)
             estimates: dict[int, dict[int, int]] = {}
             for version in versions:
                 current = model.versions.get(version)
                 if current is not None and current.healthy and current.unchanged(source, model.model_dir):
                     continue  # serves on as it is
-                path = cfg.model_file(config, model.model_dir / str(version))
+                completed = mc.ModelConfig.FromString(source)  # per version, as ModelVersion.load completes it
+                path = cfg.model_file(completed, model.model_dir / str(version))
+                cfg.complete_backend(completed, path)  # before the placement: the backend sets default instance counts
+                devices = cfg.device_placement(completed)
                 last = self.memory.last.get((model.name, version))
+                # One instance's estimate, asked once (an `.om` is queried on its first device): the same on each.
+                each = memory.estimate(completed, path, last, lambda p, d=devices[0]: _query_om(p, d))
                 need = estimates[version] = collections.Counter()
                 for device in devices:
-                    need[device] += memory.estimate(config, path, last, lambda p, d=device: _query_om(p, d))
+                    need[device] += each
         except Exception as error:  # the load reports what is wrong
             log.debug("no memory estimate for model '%s': %s", model.name, error)
             return {}

@@ -59,7 +59,6 @@ from prometheus_client.utils import floatToGoString
 from ...core.cache import ResponseCache
 from ...core.contracts import InstanceHealth, ServedVersion, VersionHealth
 from ...core.execution import memory_meter
-from ...core.execution.runtimes.acl_process import device_memory
 from ...core.models.memory import WAIT_BUCKETS_S, Ledger
 from ...core.models.repository import Repository
 from ...core.stats import FAILURE_REASONS, LATENCY_BUCKETS_S
@@ -151,8 +150,9 @@ _FAILURES = (
 class RepositoryCollector(Collector):
     """Yields the metrics of every version the repository serves, at scrape time.
 
-    Runs on the event loop (the HTTP port's `/metrics`) or on the metrics port's thread;
-    it only copies containers and reads numbers, never holding the loop for long.
+    Runs off the event loop, on another thread than the one changing what it reads: the HTTP port's `/metrics`
+    renders the registry through asyncio.to_thread (so does the engine's when a frontend of `--workers N` asks it),
+    the metrics port on prometheus_client's server thread; so it only copies containers and reads numbers.
     """
 
     def __init__(self, repository: Repository):
@@ -244,7 +244,7 @@ def _memory(ledger: Ledger, models: list[str], versions: list[ServedVersion]) ->
     total = GaugeMetricFamily("ascend_device_memory_total_bytes", "Memory of the device (the host's without pyACL)", labels=("device",))
     budget = GaugeMetricFamily("ascend_device_memory_budget_bytes", "Memory the models may take on the device", labels=("device",))
     for device in ledger.devices():
-        reading = device_memory(device)
+        reading = ledger.device_free(device)
         in_use, size = (reading[1] - reading[0], reading[1]) if reading is not None else memory_meter.host_memory()
         used.add_metric([str(device)], in_use)
         total.add_metric([str(device)], size)

@@ -137,10 +137,12 @@ class Trace:
         info = {"id": self.id, "model_name": self.model_name, "model_version": self.model_version}
         if self.request_id:
             info["request_id"] = self.request_id
-        core = [at("REQUEST_START", timing.start)]
+        # Triton writes an HTTP request's sending between its start (and queueing) and the rest: kept apart, as a
+        # request refused before it was queued has no QUEUE_START.
+        started = [at("REQUEST_START", timing.start)]
         if timing.enqueued:
-            core.append(at("QUEUE_START", timing.enqueued))
-        core += self.tensors or ()
+            started.append(at("QUEUE_START", timing.enqueued))
+        core = list(self.tensors or ())
         execution = timing.execution
         if execution is not None:
             input_end = execution.start + execution.input_ns
@@ -151,10 +153,10 @@ class Trace:
         # The server times neither the read of a request's body nor the write of its answer: a request is received
         # when its body is in (REQUEST_START) and sent when its answer is made (REQUEST_END).
         if self.protocol == "GRPC":
-            return [info, *core, at("REQUEST_END", end), at("GRPC_WAITREAD_START", timing.start),
+            return [info, *started, *core, at("REQUEST_END", end), at("GRPC_WAITREAD_START", timing.start),
                     at("GRPC_WAITREAD_END", timing.start), *answered, at("GRPC_SEND_START", end), at("GRPC_SEND_END", end)]  # fmt: skip
-        return [at("HTTP_RECV_START", timing.start), at("HTTP_RECV_END", timing.start), info, *core[:2], *answered,
-                at("HTTP_SEND_START", end), at("HTTP_SEND_END", end), *core[2:], at("REQUEST_END", end)]  # fmt: skip
+        return [at("HTTP_RECV_START", timing.start), at("HTTP_RECV_END", timing.start), info, *started, *answered,
+                at("HTTP_SEND_START", end), at("HTTP_SEND_END", end), *core, at("REQUEST_END", end)]  # fmt: skip
 
 
 class TraceManager:
