@@ -19,7 +19,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import requests
 from tritonclient.grpc import service_pb2_grpc
 
 from conformance.harness import grpc_request, response_outputs, stream_infer
@@ -161,19 +160,6 @@ def test_statistics_count_a_decoupled_request_as_triton_does(servers):
         "compute_infer": 4, "compute_output": 4, "batch_sizes": {1: 4}, "response_stats": {},
     }
     assert changes == {name: expected for name in servers}
-
-
-def test_the_unary_routes_refuse_a_decoupled_model_on_every_server(target):
-    body = {"inputs": [
-        {"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]},
-        {"name": "DELAY", "shape": [1], "datatype": "UINT32", "data": [0]},
-        {"name": "WAIT", "shape": [1], "datatype": "UINT32", "data": [0]},
-    ]}
-    refused = requests.post(f"{target.url}/v2/models/repeat_int32/infer", json=body, timeout=10)
-    assert (refused.status_code, refused.json()) == (501, {"error": "HTTP end point doesn't support models with decoupled transaction policy"})
-    with grpc.insecure_channel(target.grpc) as channel, pytest.raises(grpc.RpcError) as error:
-        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(repeat([1]), timeout=10)
-    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 @pytest.mark.parametrize("workers", [1, 2])
