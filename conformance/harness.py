@@ -335,6 +335,15 @@ def grpc_request(model: str, inputs: Mapping[str, np.ndarray], id: str = "", out
     return request
 
 
+def repeat_request(values, delays=None, wait: int = 0, **options) -> pb.ModelInferRequest:
+    """A gRPC ModelInferRequest of `repeat_int32` (Triton's repeat backend: a response per element of `values`,
+    the model waiting `delays` ms, by default 0, before each); `options` as grpc_request's (id, outputs, parameters)."""
+    values = np.asarray(values, np.int32)
+    delays = np.zeros(values.shape, np.uint32) if delays is None else np.asarray(delays, np.uint32)
+    inputs = {"IN": values, "DELAY": delays, "WAIT": np.array([wait], np.uint32)}
+    return grpc_request("repeat_int32", inputs, **options)
+
+
 def stream_infer(target, requests: Iterable[pb.ModelInferRequest], timeout: float = 30) -> list[pb.ModelStreamInferResponse]:
     """Every response of one gRPC ModelStreamInfer call sending `requests`, as sent (parameters and errors
     included), until the server ends the stream (once it has answered every request)."""
