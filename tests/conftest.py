@@ -220,6 +220,13 @@ def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_rea
         stop_server(ours)
 
 
+def decoupled_repository(repository: Path) -> Path:
+    """`repeat_int32` (decoupled) and `simple` beside it, as the tests of decoupled models serve them."""
+    copy_model("repeat_int32", repository)
+    copy_model("simple", repository)
+    return repository
+
+
 def every_server(repository: Path, tmp_path_factory):
     """For a module fixture (`yield from`): {"kserve-ascend": ..., "workers": (--workers 2) ..., "triton": ...} on one
     repository."""

@@ -22,7 +22,7 @@ import pytest
 from tritonclient.grpc import service_pb2_grpc
 
 from conformance.harness import repeat_request, response_outputs, stream_infer
-from conftest import copy_model, core_request, every_server, scrape, start_server, statistics, stop_server, wait_for
+from conftest import core_request, decoupled_repository, every_server, scrape, start_server, statistics, stop_server, wait_for
 from kserve_ascend.core.errors import InternalError, InvalidInput
 from kserve_ascend.core.execution.threads import InstanceThread
 from kserve_ascend.core.scheduling.decoupled import StreamScheduler
@@ -69,10 +69,7 @@ def test_the_scheduler_records_a_request_by_its_execution_and_a_fault_as_a_failu
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
-    repository = tmp_path_factory.mktemp("decoupled_repo")
-    copy_model("repeat_int32", repository)
-    copy_model("simple", repository)
-    return repository
+    return decoupled_repository(tmp_path_factory.mktemp("decoupled_repo"))
 
 
 @pytest.fixture(scope="module")
