@@ -321,6 +321,12 @@ def infer(
     return {output["name"]: result.as_numpy(output["name"]) for output in answered}
 
 
+def infer_one(target, model: str, array: np.ndarray, protocol: str = "http", name: str = "INPUT0") -> np.ndarray:
+    """The one output of a model with one input, `name`, sent `array` over "http" or "grpc" (see infer)."""
+    (answer,) = infer(target, model, {name: array}, protocol).values()
+    return answer
+
+
 def grpc_request(model: str, inputs: Mapping[str, np.ndarray], id: str = "", outputs: Iterable[str] = (), **parameters) -> pb.ModelInferRequest:
     """A gRPC ModelInferRequest of numpy arrays (raw contents); `parameters` as bool, int or string params."""
     request = pb.ModelInferRequest(model_name=model, id=id)
@@ -415,6 +421,13 @@ def statistics(target, model: str, version: str = "") -> dict:
     assert answer.status_code == 200, answer.text
     (entry,) = answer.json()["model_stats"]
     return entry
+
+
+def statistics_counts(target, model: str) -> dict[str, int]:
+    """The model's statistics as counts: every inference_stats field, inference_count and execution_count."""
+    stats = statistics(target, model)
+    flat = {key: value["count"] for key, value in stats["inference_stats"].items()}
+    return flat | {"inference_count": stats["inference_count"], "execution_count": stats["execution_count"]}
 
 
 def executions_by_batch_size(stats: dict) -> dict[int, int]:

@@ -29,6 +29,7 @@ from conformance.harness import (  # noqa: F401  (re-exported for the tests)
     executions_by_batch_size,
     free_port,
     infer,
+    infer_one,
     json_body,
     pending,
     post_infer,
@@ -37,6 +38,7 @@ from conformance.harness import (  # noqa: F401  (re-exported for the tests)
     start_server,
     start_triton,
     statistics,
+    statistics_counts,
     stop_server,
     tensors,
     until,
@@ -205,9 +207,10 @@ def sim_body(value: float) -> bytes:
     return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}).encode()
 
 
-def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True):
-    """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository."""
-    ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", wait="ready" if wait_ready else "loaded")
+def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True, ours_args: tuple[str, ...] = ()):
+    """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository; `triton_args` and
+    `ours_args` their flags."""
+    ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", *ours_args, wait="ready" if wait_ready else "loaded")
     try:
         triton = start_triton(repository, tmp_path_factory.mktemp("triton"), *triton_args, wait_ready=wait_ready)
     except BaseException:
