@@ -402,13 +402,6 @@ def panel_targets() -> list[tuple[str, str]]:
             for panel in dashboard()["panels"] for target in panel.get("targets", [])]
 
 
-#: Metrics the dashboard reads that the server of this branch does not export yet: issue 30's device
-#: memory and model loading, added by the branch that measures memory. AT THE MERGE: empty this set
-#: (its queries are strict xfails, which fail as soon as they return data, so it cannot be forgotten).
-def query_cases() -> list:
-    return [pytest.param(panel, expr, id=panel) for panel, expr in panel_targets()]
-
-
 def substitute(expr: str, values: dict[str, str]) -> str:
     """Grafana's interpolation: `$name` and `${name}`; an undefined variable fails."""
     return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m[1]], expr)
@@ -442,7 +435,7 @@ def test_the_variables_offer_the_models_and_every_revision(stack, variables):
     assert set(variables["revision"]) == {series_labels(pods[p])["revision"] for p in ("primary", "canary", "triton")}
 
 
-@pytest.mark.parametrize(("panel", "expr"), query_cases())
+@pytest.mark.parametrize(("panel", "expr"), [pytest.param(panel, expr, id=panel) for panel, expr in panel_targets()])
 def test_every_dashboard_query_returns_data(stack, variables, panel, expr):
     query = substitute(expr, regex_values(variables))
     assert stack["prometheus"].query(query), f"{panel}: no data for {query}"
