@@ -23,7 +23,6 @@ import pytest
 import requests
 
 from conftest import (
-    ROOT,
     attributes,
     copy_model,
     infer,
@@ -38,10 +37,9 @@ from conftest import (
     wait_for,
     write_faults,
 )
-from test_device_health import ACL_FLOAT, IMAGES
+from test_device_health import IMAGES
 
 ROW = {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}
-SIM_FILE = ROOT / "model_repository" / "sim" / "1" / "model.sim"
 
 
 def sim_config(name: str, resources: str, priority: int = 1, instances: int = 1, fixed_ms: int = 10, npus: str = "0") -> str:
@@ -59,9 +57,8 @@ parameters {{ key: "device_ids" value: {{ string_value: "{npus}" }} }}
 
 
 def add_model(repository, name: str, config: str) -> None:
-    (repository / name / "1").mkdir(parents=True)
-    (repository / name / "1" / "model.sim").write_bytes(SIM_FILE.read_bytes())
-    (repository / name / "config.pbtxt").write_text(config)
+    """model_repository's sim model, as `name`, with its own config."""
+    (copy_model("sim", repository, name) / "config.pbtxt").write_text(config)
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +321,7 @@ def test_a_hung_execution_leaves_the_resource_to_the_others(tmp_path):
     limiter = 'instance_group [ { rate_limiter { resources [ { name: "G" count: 1 global: true } ] } } ]'
     for name, npu in (("hangs", 2), ("other", 3)):
         (repository / name / "1").mkdir(parents=True)
-        fake_acl.fake_write_om(repository / name / "1" / "model.om", [("images", ACL_FLOAT, [1, 4])])
+        fake_acl.fake_write_om(repository / name / "1" / "model.om", [("images", fake_acl.ACL_FLOAT, [1, 4])])
         (repository / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "ascend"\nmax_batch_size: 1\n{limiter}\n'
             f'parameters {{ key: "device_ids" value: {{ string_value: "{npu}" }} }}\n'
