@@ -212,6 +212,13 @@ def sim_body(value: float) -> bytes:
     return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}).encode()
 
 
+def dashboard_row(panels: list[dict], title: str) -> list[dict]:
+    """The panels of a Grafana dashboard's row `title` (its one row so named): those after it, up to the next row."""
+    (row,) = [i for i, panel in enumerate(panels) if panel["type"] == "row" and panel["title"] == title]
+    rest = panels[row + 1:]
+    return rest[:next((i for i, panel in enumerate(rest) if panel["type"] == "row"), len(rest))]
+
+
 def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True, ours_args: tuple[str, ...] = ()):
     """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository; `triton_args` and
     `ours_args` their flags."""
