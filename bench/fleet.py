@@ -35,7 +35,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from conformance.harness import Metrics, scrape, start_server, stop_server  # noqa: E402
+from conformance.harness import Metrics, post_infer, scrape, start_server, stop_server  # noqa: E402
 
 MODELS = 30
 HOT = 8
@@ -99,6 +99,9 @@ def drive(
     stop = threading.Event()
     source, target = tensor
 
+    def body(value: float) -> dict:
+        return {"inputs": [{"name": source, "datatype": "FP32", "shape": [1, 4], "data": [value] * 4}]}
+
     def client() -> None:
         with requests.Session() as session:
             while True:
@@ -107,10 +110,9 @@ def drive(
                 if now > deadline + 2 * seconds or (now > deadline and i >= len(cycle)):
                     return
                 model, value = cycle[i % len(cycle)], float(i % 4096)
-                body = {"inputs": [{"name": source, "datatype": "FP32", "shape": [1, 4], "data": [value] * 4}]}
                 start = time.perf_counter()
                 try:
-                    answer = session.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=60)
+                    answer = post_infer(server, model, body(value), timeout=60, session=session)
                     elapsed = time.perf_counter() - start
                     output = next(o for o in answer.json()["outputs"] if o["name"] == target) if answer.ok else None
                     ok = output is not None and output["data"] == [value] * 4
@@ -134,8 +136,7 @@ def drive(
 
     with requests.Session() as session:  # traffic begins with the hot set, each once, as a server's day does
         for model in models[:hot]:
-            body = {"inputs": [{"name": source, "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}]}
-            session.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=60).raise_for_status()
+            post_infer(server, model, body(0.0), timeout=60, session=session).raise_for_status()
     deadline = time.monotonic() + seconds
     watching = threading.Thread(target=sampler, daemon=True)
     watching.start()

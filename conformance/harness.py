@@ -321,6 +321,12 @@ def infer(
     return {output["name"]: result.as_numpy(output["name"]) for output in answered}
 
 
+def infer_one(target, model: str, array: np.ndarray, protocol: str = "http", name: str = "INPUT0") -> np.ndarray:
+    """The one output of a model with one input, `name`, sent `array` over "http" or "grpc" (see infer)."""
+    (answer,) = infer(target, model, {name: array}, protocol).values()
+    return answer
+
+
 def grpc_request(model: str, inputs: Mapping[str, np.ndarray], id: str = "", outputs: Iterable[str] = (), **parameters) -> pb.ModelInferRequest:
     """A gRPC ModelInferRequest of numpy arrays (raw contents); `parameters` as bool, int or string params."""
     request = pb.ModelInferRequest(model_name=model, id=id)
@@ -333,6 +339,15 @@ def grpc_request(model: str, inputs: Mapping[str, np.ndarray], id: str = "", out
         kind = "bool_param" if isinstance(value, bool) else "int64_param" if isinstance(value, int) else "string_param"
         setattr(request.parameters[key], kind, value)
     return request
+
+
+def repeat_request(values, delays=None, wait: int = 0, **options) -> pb.ModelInferRequest:
+    """A gRPC ModelInferRequest of `repeat_int32` (Triton's repeat backend: a response per element of `values`,
+    the model waiting `delays` ms, by default 0, before each); `options` as grpc_request's (id, outputs, parameters)."""
+    values = np.asarray(values, np.int32)
+    delays = np.zeros(values.shape, np.uint32) if delays is None else np.asarray(delays, np.uint32)
+    inputs = {"IN": values, "DELAY": delays, "WAIT": np.array([wait], np.uint32)}
+    return grpc_request("repeat_int32", inputs, **options)
 
 
 def stream_infer(target, requests: Iterable[pb.ModelInferRequest], timeout: float = 30) -> list[pb.ModelStreamInferResponse]:
@@ -406,6 +421,13 @@ def statistics(target, model: str, version: str = "") -> dict:
     assert answer.status_code == 200, answer.text
     (entry,) = answer.json()["model_stats"]
     return entry
+
+
+def statistics_counts(target, model: str) -> dict[str, int]:
+    """The model's statistics as counts: every inference_stats field, inference_count and execution_count."""
+    stats = statistics(target, model)
+    flat = {key: value["count"] for key, value in stats["inference_stats"].items()}
+    return flat | {"inference_count": stats["inference_count"], "execution_count": stats["execution_count"]}
 
 
 def executions_by_batch_size(stats: dict) -> dict[int, int]:

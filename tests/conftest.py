@@ -13,9 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from conformance import harness
 from conformance.harness import (  # noqa: F401  (re-exported for the tests)
@@ -29,6 +34,7 @@ from conformance.harness import (  # noqa: F401  (re-exported for the tests)
     executions_by_batch_size,
     free_port,
     infer,
+    infer_one,
     json_body,
     pending,
     post_infer,
@@ -37,6 +43,7 @@ from conformance.harness import (  # noqa: F401  (re-exported for the tests)
     start_server,
     start_triton,
     statistics,
+    statistics_counts,
     stop_server,
     tensors,
     until,
@@ -205,9 +212,17 @@ def sim_body(value: float) -> bytes:
     return json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}).encode()
 
 
-def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True):
-    """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository."""
-    ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", wait="ready" if wait_ready else "loaded")
+def dashboard_row(panels: list[dict], title: str) -> list[dict]:
+    """The panels of a Grafana dashboard's row `title` (its one row so named): those after it, up to the next row."""
+    (row,) = [i for i, panel in enumerate(panels) if panel["type"] == "row" and panel["title"] == title]
+    rest = panels[row + 1:]
+    return rest[:next((i for i, panel in enumerate(rest) if panel["type"] == "row"), len(rest))]
+
+
+def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_ready: bool = True, ours_args: tuple[str, ...] = ()):
+    """For a module fixture (`yield from`): {"kserve-ascend": ..., "triton": ...} on one repository; `triton_args` and
+    `ours_args` their flags."""
+    ours = start_server(repository, tmp_path_factory.mktemp("logs") / "server.log", *ours_args, wait="ready" if wait_ready else "loaded")
     try:
         triton = start_triton(repository, tmp_path_factory.mktemp("triton"), *triton_args, wait_ready=wait_ready)
     except BaseException:
@@ -218,6 +233,13 @@ def both_servers(repository: Path, tmp_path_factory, *triton_args: str, wait_rea
     finally:
         stop_server(triton)
         stop_server(ours)
+
+
+def decoupled_repository(repository: Path) -> Path:
+    """`repeat_int32` (decoupled) and `simple` beside it, as the tests of decoupled models serve them."""
+    copy_model("repeat_int32", repository)
+    copy_model("simple", repository)
+    return repository
 
 
 def every_server(repository: Path, tmp_path_factory):
@@ -241,3 +263,60 @@ def triton(tmp_path_factory) -> Server:
     srv = start_triton(REPOSITORY, tmp_path_factory.mktemp("triton"))
     yield srv
     stop_server(srv)
+
+
+# ---------------------------------------------------------------- OpenTelemetry traces
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace receiver that keeps what it is sent."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.spans: list[Span] = []
+        self.services: set[str] = set()
+
+    def Export(self, request, context):
+        with self.lock:
+            for resource_spans in request.resource_spans:
+                attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                self.services.add(attributes.get("service.name"))
+                for scope_spans in resource_spans.scope_spans:
+                    self.spans.extend(scope_spans.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def named(self, name: str) -> list[Span]:
+        with self.lock:
+            return [span for span in self.spans if span.name == name]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.spans.clear()
+            self.services.clear()
+
+
+@pytest.fixture(scope="module")
+def collector():
+    """A `Collector` on a free loopback port (`.endpoint`), for a server's OTLP exporter (see `otel_env`)."""
+    receiver = Collector()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    server.start()
+    receiver.endpoint = f"http://127.0.0.1:{port}"
+    yield receiver
+    server.stop(None)
+
+
+def otel_env(collector: Collector) -> dict[str, str]:
+    """A server's environment additions that export its spans to `collector`, batched every 100 ms."""
+    return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+def attributes(span: Span) -> dict:
+    """A span's attributes by key, each value as its type (string, int...)."""
+
+    def value(any_value):
+        return getattr(any_value, any_value.WhichOneof("value"))
+
+    return {a.key: value(a.value) for a in span.attributes}

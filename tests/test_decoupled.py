@@ -19,11 +19,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import requests
 from tritonclient.grpc import service_pb2_grpc
 
-from conformance.harness import grpc_request, response_outputs, stream_infer
-from conftest import copy_model, core_request, every_server, scrape, start_server, statistics, stop_server, wait_for
+from conformance.harness import repeat_request, response_outputs, stream_infer
+from conftest import core_request, decoupled_repository, every_server, scrape, start_server, statistics, stop_server, wait_for
 from kserve_ascend.core.errors import InternalError, InvalidInput
 from kserve_ascend.core.execution.threads import InstanceThread
 from kserve_ascend.core.scheduling.decoupled import StreamScheduler
@@ -34,12 +33,6 @@ TARGETS = ("kserve-ascend", "workers", "triton")
 EXAMPLES = Path(os.environ.get("TRITON_CLIENT_EXAMPLES", "/tmp/triton-client/src/python/examples"))
 #: Longer than any test waits: a response held this long shows the model was not asked to stop.
 NEVER_MS = 120_000
-
-
-def repeat(values, delays=None, wait: int = 0, **options):
-    values = np.asarray(values, np.int32)
-    delays = np.zeros(values.shape, np.uint32) if delays is None else np.asarray(delays, np.uint32)
-    return grpc_request("repeat_int32", {"IN": values, "DELAY": delays, "WAIT": np.array([wait], np.uint32)}, **options)
 
 
 def test_the_scheduler_records_a_request_by_its_execution_and_a_fault_as_a_failure():
@@ -76,10 +69,7 @@ def test_the_scheduler_records_a_request_by_its_execution_and_a_fault_as_a_failu
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory) -> Path:
-    repository = tmp_path_factory.mktemp("decoupled_repo")
-    copy_model("repeat_int32", repository)
-    copy_model("simple", repository)
-    return repository
+    return decoupled_repository(tmp_path_factory.mktemp("decoupled_repo"))
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +92,14 @@ def test_responses_reach_the_client_as_produced_and_a_cancelled_stream_stops_the
     before = executions(target)
     with grpc.insecure_channel(target.grpc) as channel:
         call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
-            iter([repeat([41, 42], delays=[0, NEVER_MS])]), timeout=NEVER_MS / 1000
+            iter([repeat_request([41, 42], delays=[0, NEVER_MS])]), timeout=NEVER_MS / 1000
         )
         first = next(call)
         assert response_outputs(first.infer_response)["OUT"].tolist() == [41]
         call.cancel()
     wait_for(lambda: executions(target) == before + 1, "the cancelled request's execution to end", timeout=20)
     # The one instance is free again: the next request is answered in full.
-    answers = stream_infer(target, [repeat([1, 2, 3])], timeout=20)
+    answers = stream_infer(target, [repeat_request([1, 2, 3])], timeout=20)
     assert [response_outputs(r.infer_response)["OUT"].tolist() for r in answers] == [[1], [2], [3]]
 
 
@@ -117,8 +107,8 @@ def test_concurrent_streams_are_each_answered_in_full(target):
     """Two streams at once on the one instance (the second waits its turn), and two requests on one stream."""
     with grpc.insecure_channel(target.grpc) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        one = stub.ModelStreamInfer(iter([repeat([1, 2], delays=[50, 50], id="a"), repeat([3], id="b")]), timeout=30)
-        two = stub.ModelStreamInfer(iter([repeat([4, 5, 6], id="c")]), timeout=30)
+        one = stub.ModelStreamInfer(iter([repeat_request([1, 2], delays=[50, 50], id="a"), repeat_request([3], id="b")]), timeout=30)
+        two = stub.ModelStreamInfer(iter([repeat_request([4, 5, 6], id="c")]), timeout=30)
         answered = {}
         for response in [*one, *two]:
             answered.setdefault(response.infer_response.id, []).append(response_outputs(response.infer_response)["OUT"][0])
@@ -146,8 +136,8 @@ def test_statistics_count_a_decoupled_request_as_triton_does(servers):
     changes = {}
     for name, target in servers.items():
         before = counted(target)
-        stream_infer(target, [repeat([1, 2]), repeat([]), repeat([7], triton_enable_empty_final_response=True)])
-        stream_infer(target, [repeat([1, 2], delays=[0, 0, 0])])  # the model's error: a final response
+        stream_infer(target, [repeat_request([1, 2]), repeat_request([]), repeat_request([7], triton_enable_empty_final_response=True)])
+        stream_infer(target, [repeat_request([1, 2], delays=[0, 0, 0])])  # the model's error: a final response
         wait_for(lambda: counted(target)["success"] == before["success"] + 4, f"{name}'s statistics to count 4 requests", timeout=10)
         after = counted(target)
         changes[name] = {
@@ -163,19 +153,6 @@ def test_statistics_count_a_decoupled_request_as_triton_does(servers):
     assert changes == {name: expected for name in servers}
 
 
-def test_the_unary_routes_refuse_a_decoupled_model_on_every_server(target):
-    body = {"inputs": [
-        {"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]},
-        {"name": "DELAY", "shape": [1], "datatype": "UINT32", "data": [0]},
-        {"name": "WAIT", "shape": [1], "datatype": "UINT32", "data": [0]},
-    ]}
-    refused = requests.post(f"{target.url}/v2/models/repeat_int32/infer", json=body, timeout=10)
-    assert (refused.status_code, refused.json()) == (501, {"error": "HTTP end point doesn't support models with decoupled transaction policy"})
-    with grpc.insecure_channel(target.grpc) as channel, pytest.raises(grpc.RpcError) as error:
-        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(repeat([1]), timeout=10)
-    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_stream_accepted_before_shutdown_is_answered_in_full(repository, tmp_path, workers):
     server = start_server(repository, tmp_path / "server.log", workers=workers)
@@ -183,7 +160,7 @@ def test_a_stream_accepted_before_shutdown_is_answered_in_full(repository, tmp_p
     try:
         with grpc.insecure_channel(server.grpc) as channel:
             call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
-                iter([repeat([1, 2, 3], delays=[0, 500, 500])]), timeout=30
+                iter([repeat_request([1, 2, 3], delays=[0, 500, 500])]), timeout=30
             )
             first = next(call)
             server.process.terminate()  # SIGTERM, as Kubernetes stops a pod
@@ -209,7 +186,7 @@ def test_a_refused_request_of_the_decoupled_model_is_an_error_response_naming_it
     """An unknown output of repeat_int32, refused on the stream before the model runs: one error response with the
     request's id and no final flag, the stream then ended. (Not asked of Triton 2.51: it loses that response now
     and then and never ends the stream, or aborts; see conformance/cases/test_decoupled.py.)"""
-    responses = stream_infer(servers[name], [repeat([1], outputs=["NOPE"], id="o")])
+    responses = stream_infer(servers[name], [repeat_request([1], outputs=["NOPE"], id="o")])
     assert [r.infer_response.id for r in responses] == ["o"]
     assert "NOPE" in responses[0].error_message and not responses[0].infer_response.outputs
     assert "triton_final_response" not in responses[0].infer_response.parameters

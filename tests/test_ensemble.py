@@ -262,8 +262,8 @@ def test_an_ensemble_follows_its_step_model_in_explicit_mode(tmp_path):
 
 def test_unload_dependents_unloads_the_steps_nothing_else_runs_as_triton(tmp_path):
     """Triton's `unload_dependents` (core's DependencyGraph::RemoveNodes): the step models the ensemble's
-    load brought in go with it, unless another loaded ensemble still runs them, or a client loaded them
-    by name; without it they stay. `single` and `pipe` both run `simple`; `batched` runs `simple_batched`."""
+    load brought in go with it, unless another loaded ensemble still runs them. `single` and `pipe` both run
+    `simple`. (Steps a client loaded by name, and an unload without it: conformance/cases/test_unload_dependents.py.)"""
     repository = write_repository(tmp_path / "repository", broken=False)
     flags = [("--model_control_mode", "explicit"), ("--model-control-mode=explicit",)]
     ours = start_server(repository, tmp_path / "server.log", *flags[0], "--load_model", "single", "--load_model", "pipe")
@@ -290,17 +290,6 @@ def test_unload_dependents_unloads_the_steps_nothing_else_runs_as_triton(tmp_pat
             assert states(target) == {"single": "UNAVAILABLE", "pipe": "READY", "simple": "READY"}, target.name
             unload(target, "pipe", dependents=True)  # now nothing does: it goes
             assert states(target) == {"single": "UNAVAILABLE", "pipe": "UNAVAILABLE", "simple": "UNAVAILABLE"}, target.name
-            assert requests.post(f"{target.url}/v2/repository/models/batched/load").status_code == 200
-            unload(target, "batched", dependents=False)  # asked not to: its step stays
-            states(target)
-            assert requests.get(f"{target.url}/v2/models/simple_batched/ready").status_code == 200, target.name
-            unload(target, "simple_batched", dependents=False)  # takes `batched` with it
-            states(target)
-            for name in ("simple_batched", "batched"):  # now loaded by name, then run by the ensemble
-                assert requests.post(f"{target.url}/v2/repository/models/{name}/load").status_code == 200
-            unload(target, "batched", dependents=True)  # loaded by name: it stays
-            states(target)
-            assert requests.get(f"{target.url}/v2/models/simple_batched/ready").status_code == 200, target.name
     finally:
         stop_server(triton)
         stop_server(ours)

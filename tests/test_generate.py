@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import copy_model, every_server, pending, statistics, wait_for
+from conftest import decoupled_repository, every_server, pending, statistics, wait_for
 from kserve_ascend.core.errors import InvalidInput
 from kserve_ascend.server.edges.generate import decode_generate, encode_generate, error_json
 
@@ -77,10 +77,7 @@ def test_an_error_within_an_answer_is_logged_as_the_edges_log_errors(caplog):
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    repository = tmp_path_factory.mktemp("generate_repo")
-    copy_model("repeat_int32", repository)
-    copy_model("simple", repository)
-    yield from every_server(repository, tmp_path_factory)
+    yield from every_server(decoupled_repository(tmp_path_factory.mktemp("generate_repo")), tmp_path_factory)
 
 
 def test_generate_requests_count_in_statistics_as_in_triton(servers):

@@ -10,16 +10,14 @@ import json
 import threading
 from concurrent import futures
 
-import grpc
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from tritonclient.utils import InferenceServerException
 
-from conftest import copy_model, free_port, start_server, stop_server, wait_for
+from conftest import attributes, copy_model, otel_env, start_server, stop_server, wait_for
 
 WRONG_SHAPE = {"name": "INPUT0", "shape": [1, 5], "datatype": "FP32", "data": [1, 2, 3, 4, 5]}  # sim takes [-1, 4]
 ROW = {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
@@ -102,56 +100,6 @@ def test_text_logs_keep_kserves_look_and_add_the_request_id(sim_repository, tmp_
 
 
 # ---------------------------------------------------------------- traces
-
-
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC trace receiver that keeps what it is sent."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.spans: list[Span] = []
-        self.services: set[str] = set()
-
-    def Export(self, request, context):
-        with self.lock:
-            for resource_spans in request.resource_spans:
-                attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-                self.services.add(attributes.get("service.name"))
-                for scope_spans in resource_spans.scope_spans:
-                    self.spans.extend(scope_spans.spans)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def named(self, name: str) -> list[Span]:
-        with self.lock:
-            return [span for span in self.spans if span.name == name]
-
-    def clear(self) -> None:
-        with self.lock:
-            self.spans.clear()
-            self.services.clear()
-
-
-@pytest.fixture(scope="module")
-def collector():
-    receiver = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
-    server.start()
-    receiver.endpoint = f"http://127.0.0.1:{port}"
-    yield receiver
-    server.stop(None)
-
-
-def otel_env(collector: Collector) -> dict[str, str]:
-    return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
-
-
-def attributes(span: Span) -> dict:
-    def value(any_value):
-        return getattr(any_value, any_value.WhichOneof("value"))
-
-    return {a.key: value(a.value) for a in span.attributes}
 
 
 def concurrent_sim_requests(server, count: int, traceparent: str) -> None:

@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2
 
 import crd_schema
-from conftest import REPOSITORY, ROOT, Server, copy_model, fake_acl_env, free_port, load_fake_acl, stop_server, wait_for
+from conftest import REPOSITORY, ROOT, Server, copy_model, dashboard_row, fake_acl_env, free_port, load_fake_acl, stop_server, wait_for
 
 MANIFESTS = ROOT / "manifests"
 DOCKER = ROOT / "docker"
@@ -544,11 +544,8 @@ def test_the_dashboards_device_rows_read_memory_loading_and_npu_telemetry():
     panels = json.loads(DASHBOARD.read_text())["panels"]
 
     def row(title: str) -> dict[str, list[str]]:
-        """The row's panels after it, up to the next row: title -> their queries."""
-        (start,) = [i for i, panel in enumerate(panels) if panel["type"] == "row" and panel["title"] == title]
-        rest = panels[start + 1:]
-        rest = rest[:next((i for i, panel in enumerate(rest) if panel["type"] == "row"), len(rest))]
-        return {panel["title"]: [target["expr"] for target in panel["targets"]] for panel in rest}
+        """The row's panels: title -> their queries."""
+        return {panel["title"]: [target["expr"] for target in panel["targets"]] for panel in dashboard_row(panels, title)}
 
     memory = row("Device memory and model loading")
     assert [re.search(r"\(ascend_device_memory_(\w+)_bytes\)", expr)[1] for expr in memory["Device memory"]] == ["used", "total", "budget"]

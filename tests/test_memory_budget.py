@@ -249,10 +249,9 @@ def in_flight(repository: Repository, name: str) -> bool:
 
 
 def test_eviction_takes_an_idle_model_before_one_in_use_and_never_a_pinned_one(tmp_path):
-    root = sims(tmp_path / "repo", ["pinned", "idle", "next"])
-    sim_model(root, "slow", 8, 0, 2000, parameters={"sim_memory_mb": "100"})  # in use while two others load
-    config = root / "pinned" / "config.pbtxt"
-    config.write_text(config.read_text() + 'parameters { key: "pinned" value: { string_value: "true" } }\n')
+    root = sims(tmp_path / "repo", ["idle", "next"])
+    sims(root, ["pinned"], pinned="true")
+    sims(root, ["slow"], fixed_ms=2000)  # in use while two others load
     repository, dataplane = on_demand(root, 350)
 
     async def main():
@@ -349,7 +348,7 @@ ensemble_scheduling { step [
 
 def test_an_ensemble_loads_its_steps_and_protects_them_while_it_runs(tmp_path):
     root = sims(tmp_path / "repo", ["second", "other"])
-    sim_model(root, "first", 8, 0, 400, parameters={"sim_memory_mb": "100"})  # while it runs, second waits its turn
+    sims(root, ["first"], fixed_ms=400)  # while it runs, second waits its turn
     (root / "pair" / "1").mkdir(parents=True)
     (root / "pair" / "config.pbtxt").write_text(ENSEMBLE)
     repository, dataplane = on_demand(root, 250)
@@ -390,7 +389,7 @@ def test_an_ensemble_request_whose_step_is_unloaded_under_it_fails_and_the_unloa
     """Found here: the step's version, resolved as the request began, was retired before the request reached it;
     its batcher took the request after closing and never answered, and the unload waited for it for ever."""
     root = sims(tmp_path / "repo", ["second"], memory_mb=1)
-    sim_model(root, "first", 8, 0, 400, parameters={"sim_memory_mb": "1"})
+    sims(root, ["first"], memory_mb=1, fixed_ms=400)
     (root / "pair" / "1").mkdir(parents=True)
     (root / "pair" / "config.pbtxt").write_text(ENSEMBLE)
     repository = Repository(root)

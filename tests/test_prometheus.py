@@ -24,8 +24,8 @@ import pytest
 import requests
 import yaml
 
-from conftest import (ROOT, build_fake_dcmi, copy_model, fake_acl_env, fake_dcmi_env, free_port, load_fake_acl, start, start_server,
-                      start_triton, stop_server, wait_for, write_dcmi_state)
+from conftest import (ROOT, build_fake_dcmi, copy_model, dashboard_row, fake_acl_env, fake_dcmi_env, free_port, load_fake_acl, start,
+                      start_server, start_triton, stop_server, wait_for, write_dcmi_state)
 
 MANIFESTS = ROOT / "manifests"
 RUNTIME = MANIFESTS / "base" / "clusterservingruntime.yaml"
@@ -402,13 +402,6 @@ def panel_targets() -> list[tuple[str, str]]:
             for panel in dashboard()["panels"] for target in panel.get("targets", [])]
 
 
-#: Metrics the dashboard reads that the server of this branch does not export yet: issue 30's device
-#: memory and model loading, added by the branch that measures memory. AT THE MERGE: empty this set
-#: (its queries are strict xfails, which fail as soon as they return data, so it cannot be forgotten).
-def query_cases() -> list:
-    return [pytest.param(panel, expr, id=panel) for panel, expr in panel_targets()]
-
-
 def substitute(expr: str, values: dict[str, str]) -> str:
     """Grafana's interpolation: `$name` and `${name}`; an undefined variable fails."""
     return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m[1]], expr)
@@ -442,7 +435,7 @@ def test_the_variables_offer_the_models_and_every_revision(stack, variables):
     assert set(variables["revision"]) == {series_labels(pods[p])["revision"] for p in ("primary", "canary", "triton")}
 
 
-@pytest.mark.parametrize(("panel", "expr"), query_cases())
+@pytest.mark.parametrize(("panel", "expr"), [pytest.param(panel, expr, id=panel) for panel, expr in panel_targets()])
 def test_every_dashboard_query_returns_data(stack, variables, panel, expr):
     query = substitute(expr, regex_values(variables))
     assert stack["prometheus"].query(query), f"{panel}: no data for {query}"
@@ -451,7 +444,7 @@ def test_every_dashboard_query_returns_data(stack, variables, panel, expr):
 def test_the_ab_row_puts_each_revision_side_by_side(stack, variables):
     pods = stack["pods"]
     primary, canary, triton = (series_labels(pods[p])["revision"] for p in ("primary", "canary", "triton"))
-    ab = row_panels("A/B")
+    ab = dashboard_row(dashboard()["panels"], "A/B: versions and revisions side by side")
     assert [panel["title"] for panel in ab] == ["Request rate per version", "P99 latency per version", "Failure rate per version"]
     # (revision, model version): the primary serves version 1, the canary version 2. The latency
     # histogram is kserve-ascend's (Triton has none); requests and failures come from both servers.
@@ -468,19 +461,11 @@ def test_the_npu_row_shows_each_pods_npus_as_the_driver_reads_them(stack):
     """The primary's one NPU through the FAKE DCMI (52 °C, 750 in 0.1 W, health 0); the others have no DCMI."""
     primary = stack["pods"]["primary"]["name"]
     found = {}
-    for panel in row_panels("NPU temperature"):
+    for panel in dashboard_row(dashboard()["panels"], "NPU temperature, power and health"):
         (target,) = panel["targets"]
         found[panel["title"]] = {(s["metric"]["pod"], s["metric"]["device"]): float(s["value"][1])
                                  for s in stack["prometheus"].query(target["expr"])}
     assert found == {"NPU temperature": {(primary, "0"): 52}, "NPU power": {(primary, "0"): 75}, "NPU health": {(primary, "0"): 0}}
-
-
-def row_panels(prefix: str) -> list[dict]:
-    """The panels of the row whose title starts with `prefix`: those after it, up to the next row."""
-    panels = dashboard()["panels"]
-    (start,) = [i for i, panel in enumerate(panels) if panel["type"] == "row" and panel["title"].startswith(prefix)]
-    rest = panels[start + 1:]
-    return rest[:next((i for i, panel in enumerate(rest) if panel["type"] == "row"), len(rest))]
 
 
 # --- Queries other manifests hand to Prometheus -----------------------------------------------

@@ -23,10 +23,11 @@ import pytest
 import requests
 
 from conftest import (
-    ROOT,
+    attributes,
     copy_model,
     infer,
     load_fake_acl,
+    otel_env,
     post_infer,
     start_on_fake_acl,
     start_server,
@@ -36,11 +37,9 @@ from conftest import (
     wait_for,
     write_faults,
 )
-from test_device_health import ACL_FLOAT, IMAGES
-from test_logs_tracing import attributes, collector, otel_env  # noqa: F401  (collector: the fixture)
+from test_device_health import IMAGES
 
 ROW = {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}
-SIM_FILE = ROOT / "model_repository" / "sim" / "1" / "model.sim"
 
 
 def sim_config(name: str, resources: str, priority: int = 1, instances: int = 1, fixed_ms: int = 10, npus: str = "0") -> str:
@@ -58,9 +57,8 @@ parameters {{ key: "device_ids" value: {{ string_value: "{npus}" }} }}
 
 
 def add_model(repository, name: str, config: str) -> None:
-    (repository / name / "1").mkdir(parents=True)
-    (repository / name / "1" / "model.sim").write_bytes(SIM_FILE.read_bytes())
-    (repository / name / "config.pbtxt").write_text(config)
+    """model_repository's sim model, as `name`, with its own config."""
+    (copy_model("sim", repository, name) / "config.pbtxt").write_text(config)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +82,7 @@ def shared_repository(tmp_path_factory):
     return repository
 
 
-def start_limited(repository, log, collector, *flags: str, workers: int = 1):  # noqa: F811
+def start_limited(repository, log, collector, *flags: str, workers: int = 1):
     return start_server(
         repository, log, "--enable_tracing", "--model_control_mode", "explicit", "--load_model", "*", *flags,
         env=otel_env(collector), workers=workers,
@@ -92,7 +90,7 @@ def start_limited(repository, log, collector, *flags: str, workers: int = 1):  #
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["one_process", "two_workers"])
-def limited(request, shared_repository, tmp_path_factory, collector):  # noqa: F811
+def limited(request, shared_repository, tmp_path_factory, collector):
     server = start_limited(
         shared_repository, tmp_path_factory.mktemp("logs") / "server.log", collector, "--rate_limit", "execution_count",
         workers=request.param,
@@ -105,7 +103,7 @@ def post(server, model: str) -> int:
     return requests.post(f"{server.url}/v2/models/{model}/infer", json={"inputs": [ROW]}, timeout=30).status_code
 
 
-def executions(collector, models=("first", "second")) -> dict[str, list[tuple[int, int]]]:  # noqa: F811
+def executions(collector, models=("first", "second")) -> dict[str, list[tuple[int, int]]]:
     """The (start, end) of every `execute` span of each model, in ns of the server's clock."""
     spans = {model: [] for model in models}
     for span in collector.named("execute"):
@@ -121,7 +119,7 @@ def overlaps(spans: dict[str, list[tuple[int, int]]]) -> list:
     return [(before, after) for before, after in itertools.pairwise(ordered) if after[0] < before[1]]
 
 
-def run_both_at_once(server, collector, models=("first", "second"), each: int = 12) -> dict[str, list[tuple[int, int]]]:  # noqa: F811
+def run_both_at_once(server, collector, models=("first", "second"), each: int = 12) -> dict[str, list[tuple[int, int]]]:
     """`each` concurrent requests to each model, all answered 200; the executions the server traced."""
     collector.clear()
     with futures.ThreadPoolExecutor(len(models) * each) as pool:
@@ -135,18 +133,18 @@ def run_both_at_once(server, collector, models=("first", "second"), each: int = 
     return wait_for(traced, "the execute spans of every request", timeout=15)
 
 
-def test_models_sharing_one_resource_never_execute_at_once(limited, collector):  # noqa: F811
+def test_models_sharing_one_resource_never_execute_at_once(limited, collector):
     spans = run_both_at_once(limited, collector)
     assert overlaps(spans) == []
 
 
-def test_a_resource_is_per_npu_unless_global(limited, collector):  # noqa: F811
+def test_a_resource_is_per_npu_unless_global(limited, collector):
     """One N per NPU: the instances on NPUs 0 and 1 run at once. One global G: they take turns."""
     assert overlaps(run_both_at_once(limited, collector, ("per_npu",))) != []
     assert overlaps(run_both_at_once(limited, collector, ("global",))) == []
 
 
-def test_a_sequence_model_runs_through_the_limiter(limited, collector):  # noqa: F811
+def test_a_sequence_model_runs_through_the_limiter(limited, collector):
     """Two sequences at once on `sequence_accumulator`'s two instances, which need R as `first` does: each
     keeps its running sum, and no two executions overlap."""
     collector.clear()
@@ -168,7 +166,7 @@ def test_a_sequence_model_runs_through_the_limiter(limited, collector):  # noqa:
     assert overlaps(executions(collector, ("sequence_accumulator", "first"))) == []
 
 
-def test_without_the_limiter_they_do(shared_repository, tmp_path, collector):  # noqa: F811
+def test_without_the_limiter_they_do(shared_repository, tmp_path, collector):
     """The measurement above can fail: with --rate_limit off (the default) the same load overlaps."""
     server = start_limited(shared_repository, tmp_path / "server.log", collector)
     try:
@@ -220,7 +218,7 @@ def test_tritons_own_limiter_gives_the_ascend_backend_the_same_shares(shared_rep
     assert ran["first"] > 1.5 * ran["second"], ran
 
 
-def test_a_retired_version_leaves_the_limiter(limited, collector):  # noqa: F811
+def test_a_retired_version_leaves_the_limiter(limited, collector):
     """`first` reloaded needing 2 R (the server then has 2: the most any instance needs), then back to 1:
     once the version needing 2 retires, R counts 1 again and the two models take turns again."""
     config = json.loads(requests.get(f"{limited.url}/v2/models/first/config", timeout=10).text)
@@ -323,7 +321,7 @@ def test_a_hung_execution_leaves_the_resource_to_the_others(tmp_path):
     limiter = 'instance_group [ { rate_limiter { resources [ { name: "G" count: 1 global: true } ] } } ]'
     for name, npu in (("hangs", 2), ("other", 3)):
         (repository / name / "1").mkdir(parents=True)
-        fake_acl.fake_write_om(repository / name / "1" / "model.om", [("images", ACL_FLOAT, [1, 4])])
+        fake_acl.fake_write_om(repository / name / "1" / "model.om", [("images", fake_acl.ACL_FLOAT, [1, 4])])
         (repository / name / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "ascend"\nmax_batch_size: 1\n{limiter}\n'
             f'parameters {{ key: "device_ids" value: {{ string_value: "{npu}" }} }}\n'

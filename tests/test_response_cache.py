@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import ROOT, infer, scrape, start_server, start_triton, statistics, stop_server, wait_for
+from conftest import ROOT, both_servers, infer_one, scrape, start_server, statistics_counts, stop_server, wait_for
+from conformance.harness import CACHE_SIZE
 from kserve_ascend.core.cache import entry_size
 
 CONFORMANCE = ROOT / "conformance" / "models"
-CACHE = "local,size=1048576"
+CACHE = f"local,size={CACHE_SIZE}"
 
 
 def repository(root, *names: str):
@@ -28,20 +29,15 @@ def repository(root, *names: str):
     return root
 
 
-def counts(server, model: str) -> dict[str, int]:
-    stats = statistics(server, model)
-    return {key: value["count"] for key, value in stats["inference_stats"].items()} | {
-        "inference_count": stats["inference_count"], "execution_count": stats["execution_count"],
-    }
-
-
 def recorded(server, model: str, successes: int) -> dict[str, int]:
     """The counts once `successes` requests are recorded (Triton records one a moment after its answer)."""
-    return wait_for(lambda: (now := counts(server, model))["success"] == successes and now, f"{successes} successes", timeout=10)
+    return wait_for(
+        lambda: (now := statistics_counts(server, model))["success"] == successes and now, f"{successes} successes", timeout=10
+    )
 
 
 def hits_and_misses(server, model: str) -> tuple[int, int]:
-    now = counts(server, model)
+    now = statistics_counts(server, model)
     return now["cache_hit"], now["cache_miss"]
 
 
@@ -49,25 +45,12 @@ def fp32(*values: float) -> np.ndarray:
     return np.array([values], np.float32)
 
 
-def call(server, model: str, array: np.ndarray, protocol: str = "http", name: str = "INPUT0") -> np.ndarray:
-    (answer,) = infer(server, model, {name: array}, protocol).values()
-    return answer
-
-
 @pytest.fixture(scope="module")
 def side_by_side(tmp_path_factory):
     """kserve-ascend and real Triton (its local cache from the nvidia-pytriton wheel) on one repository,
     each with a cache of 1 MiB."""
     models = repository(tmp_path_factory.mktemp("repo"), "cache_identity_fp32", "identity_fp32", "cache_ensemble")
-    ours = start_server(models, tmp_path_factory.mktemp("logs") / "server.log", "--cache_config", CACHE)
-    try:
-        triton = start_triton(models, tmp_path_factory.mktemp("triton"), f"--cache-config={CACHE}")
-    except BaseException:
-        stop_server(ours)
-        raise
-    yield {"kserve-ascend": ours, "triton": triton}
-    stop_server(triton)
-    stop_server(ours)
+    yield from both_servers(models, tmp_path_factory, f"--cache-config={CACHE}", ours_args=("--cache_config", CACHE))
 
 
 #: (model, input name, the requests in order): misses, hits over both protocols, a model without the cache.
@@ -87,7 +70,7 @@ def test_statistics_and_metrics_equal_tritons_for_the_same_requests(side_by_side
     for name, server in side_by_side.items():
         for model, input_name, calls in LOAD:
             for array, protocol in calls:
-                np.testing.assert_array_equal(call(server, model, array, protocol, input_name), array)
+                np.testing.assert_array_equal(infer_one(server, model, array, protocol, input_name), array)
         # identity_fp32 also answers the ensemble's step once: its miss
         seen[name] = {model: recorded(server, model, successes) for model, successes in SUCCESSES.items()}
     assert seen["kserve-ascend"] == seen["triton"]
@@ -138,19 +121,19 @@ def test_size_bound_evicts_the_least_recently_used(tmp_path, workers):
     try:
         a, b, c = (np.full((1, 100), value, np.float32) for value in (1, 2, 3))
         for array in (a, b, a, c):  # b is the least recently used when c comes
-            call(server, "cache_identity_fp32", array, "grpc")
+            infer_one(server, "cache_identity_fp32", array, "grpc")
         assert hits_and_misses(server, "cache_identity_fp32") == (1, 3)
         for array in (a, c, b):
-            np.testing.assert_array_equal(call(server, "cache_identity_fp32", array), array)
+            np.testing.assert_array_equal(infer_one(server, "cache_identity_fp32", array), array)
         assert hits_and_misses(server, "cache_identity_fp32") == (3, 4)
         big = np.ones((1, 300), np.float32)
         for _ in range(2):
-            call(server, "cache_identity_fp32", big)
+            infer_one(server, "cache_identity_fp32", big)
         assert hits_and_misses(server, "cache_identity_fp32") == (3, 6)
         metrics = scrape(server)
         assert (metrics("nv_cache_num_entries"), metrics("nv_cache_num_evictions")) == (2, 2)  # c, then b's return
         assert metrics("nv_cache_util") == 2 * one / (2 * one + one // 2)
-        assert counts(server, "cache_identity_fp32")["execution_count"] == 6
+        assert statistics_counts(server, "cache_identity_fp32")["execution_count"] == 6
     finally:
         stop_server(server)
 
@@ -161,8 +144,8 @@ def test_without_cache_config_a_model_enabling_the_cache_serves_uncached(tmp_pat
     server = start_server(repository(tmp_path / "repo", "cache_identity_fp32"), tmp_path / "server.log")
     try:
         for _ in range(2):
-            call(server, "cache_identity_fp32", fp32(1))
-        assert counts(server, "cache_identity_fp32")["execution_count"] == 2
+            infer_one(server, "cache_identity_fp32", fp32(1))
+        assert statistics_counts(server, "cache_identity_fp32")["execution_count"] == 2
         assert hits_and_misses(server, "cache_identity_fp32") == (0, 0)
         metrics = scrape(server)
         assert metrics("nv_cache_num_hits_per_model", model="cache_identity_fp32") == 0
@@ -225,14 +208,14 @@ def test_a_reloaded_version_answers_nothing_its_predecessor_computed(tmp_path):
     )
     try:
         for _ in range(2):
-            call(server, "cache_identity_fp32", fp32(7))
+            infer_one(server, "cache_identity_fp32", fp32(7))
         assert hits_and_misses(server, "cache_identity_fp32") == (1, 1)
         config = requests.get(f"{server.url}/v2/models/cache_identity_fp32/config", timeout=10).json()
         config["parameters"]["sim_fixed_ms"] = {"string_value": "1"}  # another model: the version is loaded anew
         load = requests.post(f"{server.url}/v2/repository/models/cache_identity_fp32/load", json={"parameters": {"config": json.dumps(config)}}, timeout=30)
         assert load.status_code == 200, load.text
-        call(server, "cache_identity_fp32", fp32(7))
+        infer_one(server, "cache_identity_fp32", fp32(7))
         assert hits_and_misses(server, "cache_identity_fp32") == (0, 1)  # the new version's own statistics
-        assert counts(server, "cache_identity_fp32")["execution_count"] == 1
+        assert statistics_counts(server, "cache_identity_fp32")["execution_count"] == 1
     finally:
         stop_server(server)

@@ -19,8 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import triton_to_np_dtype
 
-from conftest import ROOT, start_server, start_triton, stop_server, wait_for
-from test_logs_tracing import collector, otel_env  # noqa: F401  (the OTLP receiver fixture)
+from conftest import ROOT, otel_env, start_server, start_triton, stop_server, wait_for
 
 MODELS = ROOT / "conformance" / "models"
 #: Triton's timestamps of a request, by the protocol it came by (as Triton 2.51 writes them).
@@ -194,7 +193,7 @@ def fresh_connections(server, ids: list[str]) -> None:
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one_process", "workers_2"])
-def test_opentelemetry_level_switches_spans_in_every_process(tmp_path, collector, workers):  # noqa: F811
+def test_opentelemetry_level_switches_spans_in_every_process(tmp_path, collector, workers):
     collector.clear()
     server = start_server(MODELS, tmp_path / "server.log", "--model_control_mode", "explicit", "--load_model", "simple",
                           "--trace_config", "mode=opentelemetry", env=otel_env(collector), workers=workers)  # fmt: skip

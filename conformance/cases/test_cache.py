@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from conformance.harness import CACHE_SIZE, infer, statistics, wait_for
+from conformance.harness import CACHE_SIZE, infer, infer_one, statistics_counts, wait_for
 
 CACHED = "cache_identity_fp32"
 #: The fields a cache hit leaves alone, and those it moves.
@@ -28,17 +28,10 @@ def fresh(elements: int = 8) -> np.ndarray:
     return np.random.default_rng().random((1, elements), dtype=np.float32)
 
 
-def counts(target, model: str) -> dict[str, int]:
-    """The model's statistics as counts: every inference_stats field, inference_count and execution_count."""
-    stats = statistics(target, model)
-    flat = {key: value["count"] for key, value in stats["inference_stats"].items()}
-    return flat | {"inference_count": stats["inference_count"], "execution_count": stats["execution_count"]}
-
-
 def after(target, model: str, before: dict[str, int], requests_made: int) -> dict[str, int]:
     """The counts once the last request is recorded (Triton records it a moment after its answer)."""
     return wait_for(
-        lambda: (now := counts(target, model))["success"] == before["success"] + requests_made and now,
+        lambda: (now := statistics_counts(target, model))["success"] == before["success"] + requests_made and now,
         f"{requests_made} more successes of {model}", timeout=10,
     )
 
@@ -47,17 +40,12 @@ def changes(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {key: now[key] - before[key] for key in now if now[key] != before[key]}
 
 
-def call(target, model: str, array: np.ndarray, protocol: str = "http", name: str = "INPUT0") -> np.ndarray:
-    (answer,) = infer(target, model, {name: array}, protocol).values()
-    return answer
-
-
 @pytest.fixture
 def cache(target, requires):
     """Skips unless the server has a response cache: a first request must count a miss."""
     requires("statistics")
-    before = counts(target, CACHED)
-    call(target, CACHED, fresh())
+    before = statistics_counts(target, CACHED)
+    infer_one(target, CACHED, fresh())
     if after(target, CACHED, before, 1)["cache_miss"] == before["cache_miss"]:
         pytest.skip(f"the server runs without a response cache (Triton: --cache-config local,size={CACHE_SIZE})")
 
@@ -65,13 +53,13 @@ def cache(target, requires):
 @pytest.mark.spec("Triton response_cache.md §Overview; tritonserver.cc ModelStatistics")
 def test_cache_hit_answers_without_running_the_model(target, cache):
     x = fresh()
-    before = counts(target, CACHED)
-    np.testing.assert_array_equal(call(target, CACHED, x), x)
+    before = statistics_counts(target, CACHED)
+    np.testing.assert_array_equal(infer_one(target, CACHED, x), x)
     missed = after(target, CACHED, before, 1)
     assert changes(missed, before) == {
         "success": 1, "queue": 1, **dict.fromkeys(COMPUTE, 1), "cache_miss": 1, "inference_count": 1, "execution_count": 1,
     }
-    np.testing.assert_array_equal(call(target, CACHED, x), x)
+    np.testing.assert_array_equal(infer_one(target, CACHED, x), x)
     hit = after(target, CACHED, missed, 1)
     assert changes(hit, missed) == {"success": 1, "queue": 1, "cache_hit": 1}
 
@@ -79,10 +67,10 @@ def test_cache_hit_answers_without_running_the_model(target, cache):
 @pytest.mark.spec("Triton response_cache.md §Overview: the key is the model, its version and the inputs")
 def test_cache_key_is_the_request_not_its_protocol(target, cache):
     x = fresh()
-    before = counts(target, CACHED)
-    call(target, CACHED, x, "http")
-    np.testing.assert_array_equal(call(target, CACHED, x, "grpc"), x)
-    np.testing.assert_array_equal(call(target, CACHED, x + 1, "grpc"), x + 1)
+    before = statistics_counts(target, CACHED)
+    infer_one(target, CACHED, x, "http")
+    np.testing.assert_array_equal(infer_one(target, CACHED, x, "grpc"), x)
+    np.testing.assert_array_equal(infer_one(target, CACHED, x + 1, "grpc"), x + 1)
     now = after(target, CACHED, before, 3)
     assert (now["cache_hit"] - before["cache_hit"], now["cache_miss"] - before["cache_miss"]) == (1, 2)
 
@@ -91,9 +79,9 @@ def test_cache_key_is_the_request_not_its_protocol(target, cache):
 def test_cache_key_holds_the_shape(target, cache):
     """The same bytes in another shape are another request, answered in its own shape."""
     x = fresh(4)
-    before = counts(target, CACHED)
-    call(target, CACHED, x)
-    assert call(target, CACHED, x.reshape(2, 2)).shape == (2, 2)
+    before = statistics_counts(target, CACHED)
+    infer_one(target, CACHED, x)
+    assert infer_one(target, CACHED, x.reshape(2, 2)).shape == (2, 2)
     now = after(target, CACHED, before, 2)
     assert (now["cache_hit"] - before["cache_hit"], now["cache_miss"] - before["cache_miss"]) == (0, 2)
 
@@ -111,9 +99,9 @@ def test_cache_hit_answers_the_outputs_asked_for(target, cache):
 @pytest.mark.spec("Triton response_cache.md: by default no model uses response caching")
 def test_model_without_response_cache_runs_every_request(target, cache):
     x = fresh()
-    before = counts(target, "identity_fp32")
+    before = statistics_counts(target, "identity_fp32")
     for _ in range(2):
-        np.testing.assert_array_equal(call(target, "identity_fp32", x), x)
+        np.testing.assert_array_equal(infer_one(target, "identity_fp32", x), x)
     now = after(target, "identity_fp32", before, 2)
     assert (now["execution_count"] - before["execution_count"], now["cache_hit"], now["cache_miss"]) == (2, 0, 0)
 
@@ -121,13 +109,13 @@ def test_model_without_response_cache_runs_every_request(target, cache):
 @pytest.mark.spec("Triton response_cache.md §Ensemble Model Caching: a hit skips the composing models")
 def test_ensemble_hit_runs_no_step(target, cache):
     x = fresh()
-    before, step = counts(target, "cache_ensemble"), counts(target, "identity_fp32")
-    np.testing.assert_array_equal(call(target, "cache_ensemble", x, name="IN"), x)
-    np.testing.assert_array_equal(call(target, "cache_ensemble", x, name="IN"), x)
+    before, step = statistics_counts(target, "cache_ensemble"), statistics_counts(target, "identity_fp32")
+    np.testing.assert_array_equal(infer_one(target, "cache_ensemble", x, name="IN"), x)
+    np.testing.assert_array_equal(infer_one(target, "cache_ensemble", x, name="IN"), x)
     now = after(target, "cache_ensemble", before, 2)
     assert (now["cache_hit"] - before["cache_hit"], now["cache_miss"] - before["cache_miss"]) == (1, 1)
     # Recorded before the ensemble's own request: the step ran for the miss only.
-    assert counts(target, "identity_fp32")["execution_count"] - step["execution_count"] == 1
+    assert statistics_counts(target, "identity_fp32")["execution_count"] - step["execution_count"] == 1
 
 
 @pytest.mark.spec("Triton response_cache.md §Known Limitations: only outputs in CPU memory (system shared memory is)")
@@ -141,7 +129,7 @@ def test_cache_hit_written_to_shared_memory(target, cache, requires):
     x = fresh()
     name = f"cache_{target.name}_{os.getpid()}".replace(" ", "_")
     handle = shm.create_shared_memory_region(name, f"/{name}", x.nbytes)
-    before = counts(target, CACHED)
+    before = statistics_counts(target, CACHED)
     try:
         with httpclient.InferenceServerClient(target.http) as client:
             client.register_system_shared_memory(name, f"/{name}", x.nbytes)
@@ -170,10 +158,10 @@ LARGE = 100_000
 def test_cache_evicts_the_least_recently_used(target, cache):
     a, b, c = (fresh(LARGE) for _ in range(3))
     for x in (a, b, a, c):  # b is then the least recently used: c's entry takes its place
-        call(target, CACHED, x)
-    before = counts(target, CACHED)
-    call(target, CACHED, a)
-    np.testing.assert_array_equal(call(target, CACHED, b), b)
+        infer_one(target, CACHED, x)
+    before = statistics_counts(target, CACHED)
+    infer_one(target, CACHED, a)
+    np.testing.assert_array_equal(infer_one(target, CACHED, b), b)
     now = after(target, CACHED, before, 2)
     assert (now["cache_hit"] - before["cache_hit"], now["cache_miss"] - before["cache_miss"]) == (1, 1)
 
@@ -181,9 +169,9 @@ def test_cache_evicts_the_least_recently_used(target, cache):
 @pytest.mark.spec("Triton local_cache: an entry larger than the cache is not stored")
 def test_answer_larger_than_the_cache_is_not_stored(target, cache):
     x = fresh(CACHE_SIZE // 4 + 1)
-    before = counts(target, CACHED)
+    before = statistics_counts(target, CACHED)
     for _ in range(2):
-        np.testing.assert_array_equal(call(target, CACHED, x), x)
+        np.testing.assert_array_equal(infer_one(target, CACHED, x), x)
     now = after(target, CACHED, before, 2)
     assert changes(now, before) == {
         "success": 2, "queue": 2, **dict.fromkeys(COMPUTE, 2), "cache_miss": 2, "inference_count": 2, "execution_count": 2,

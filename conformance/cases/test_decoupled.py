@@ -15,17 +15,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from conftest import simple_body
-from conformance.harness import grpc_request, response_outputs, stream_infer
+from conformance.harness import grpc_request, repeat_request, response_outputs, stream_infer
 
 DECOUPLED = "Triton decoupled_models.md"
 FINAL = "triton_final_response"
-
-
-def repeat(values, delays=None, wait: int = 0, **options) -> pb.ModelInferRequest:
-    values = np.asarray(values, np.int32)
-    delays = np.zeros(values.shape, np.uint32) if delays is None else np.asarray(delays, np.uint32)
-    inputs = {"IN": values, "DELAY": delays, "WAIT": np.array([wait], np.uint32)}
-    return grpc_request("repeat_int32", inputs, **options)
 
 
 def final_flag(response: pb.ModelInferResponse) -> bool:
@@ -35,7 +28,7 @@ def final_flag(response: pb.ModelInferResponse) -> bool:
 
 @pytest.mark.spec(f"{DECOUPLED} §Decoupled backends and models; Triton repeat_backend README")
 def test_a_decoupled_model_streams_a_response_per_element_then_the_final_flag_alone(target):
-    responses = stream_infer(target, [repeat([7, 8, 9], id="r1")])
+    responses = stream_infer(target, [repeat_request([7, 8, 9], id="r1")])
     assert [r.error_message for r in responses] == ["", "", ""]
     answers = [r.infer_response for r in responses]
     assert [(a.id, a.model_name, a.model_version, final_flag(a)) for a in answers] == [("r1", "repeat_int32", "1", False)] * 3
@@ -46,32 +39,32 @@ def test_a_decoupled_model_streams_a_response_per_element_then_the_final_flag_al
 
 @pytest.mark.spec(f"{DECOUPLED} §Decoupled Responses (triton_enable_empty_final_response)")
 def test_the_final_flag_comes_as_an_empty_response_when_the_request_asks(target):
-    *answers, last = stream_infer(target, [repeat([5, 6], id="e", triton_enable_empty_final_response=True)])
+    *answers, last = stream_infer(target, [repeat_request([5, 6], id="e", triton_enable_empty_final_response=True)])
     assert [final_flag(r.infer_response) for r in answers] == [False, False]
     assert (last.error_message, last.infer_response.id, last.infer_response.model_name) == ("", "e", "repeat_int32")
     assert final_flag(last.infer_response) and not last.infer_response.outputs and not last.infer_response.model_version
     # No element, no response: only the final flag, and only when asked for.
-    assert stream_infer(target, [repeat([])]) == []
-    (alone,) = stream_infer(target, [repeat([], triton_enable_empty_final_response=True)])
+    assert stream_infer(target, [repeat_request([])]) == []
+    (alone,) = stream_infer(target, [repeat_request([], triton_enable_empty_final_response=True)])
     assert final_flag(alone.infer_response) and not alone.infer_response.outputs
 
 
 @pytest.mark.spec(f"{DECOUPLED} §Decoupled Responses (triton_enable_empty_final_response)")
 def test_empty_final_response_must_be_a_bool_parameter(target):
-    (response,) = stream_infer(target, [repeat([1], id="b", triton_enable_empty_final_response="yes")])
+    (response,) = stream_infer(target, [repeat_request([1], id="b", triton_enable_empty_final_response="yes")])
     assert response.error_message == "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."
     assert response.infer_response.id == "b"
 
 
 @pytest.mark.spec(f"{DECOUPLED}; Triton repeat_backend src/repeat.cc (OUT, IDX as requested)")
 def test_only_the_outputs_asked_for_are_streamed(target):
-    responses = stream_infer(target, [repeat([3, 4], outputs=["OUT"])])
+    responses = stream_infer(target, [repeat_request([3, 4], outputs=["OUT"])])
     assert [[o.name for o in r.infer_response.outputs] for r in responses] == [["OUT"], ["OUT"]]
 
 
 @pytest.mark.spec(f"{DECOUPLED} §Decoupled Responses (an error ends the request: it is final)")
 def test_an_error_of_the_model_is_a_final_response_with_the_error(target):
-    (response,) = stream_infer(target, [repeat([1, 2], delays=[0, 0, 0], id="x")])
+    (response,) = stream_infer(target, [repeat_request([1, 2], delays=[0, 0, 0], id="x")])
     assert response.error_message.startswith("expected IN and DELAY shape to match")
     assert (response.infer_response.id, response.infer_response.model_name) == ("x", "repeat_int32")
     assert final_flag(response.infer_response)
@@ -99,7 +92,7 @@ def test_the_unary_routes_refuse_a_decoupled_model(target):
     )
     with grpclib.insecure_channel(target.grpc) as channel:
         with pytest.raises(grpclib.RpcError) as refused:
-            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(repeat([1]))
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(repeat_request([1]))
     assert refused.value.code() == grpclib.StatusCode.UNIMPLEMENTED
     assert refused.value.details() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
     # An ordinary model beside it serves on.
