@@ -5,7 +5,7 @@ never execute at the same time, nor do two instances of one model: the `execute`
 exports over OTLP never overlap (with `--rate_limit off` they do). Saturated, the priority 1 model
 runs about twice as often as the priority 2 one, as under real Triton 2.51's own rate limiter with
 the `ascend` backend. A resource is per NPU unless global; a sequence model's instances take their
-turns too. A version leaving service, or an instance whose execution hung, leaves its resources to
+turns too, and a decoupled model's, for their whole stream (as in Triton 2.51). A version leaving service, or an instance whose execution hung, leaves its resources to
 the others. A model needing more than the server has is refused at load in Triton's words
 (conformance/cases/test_rate_limiter.py checks the same against real Triton 2.51).
 """
@@ -18,9 +18,11 @@ import shutil
 import threading
 from concurrent import futures
 
+import grpc
 import numpy as np
 import pytest
 import requests
+from tritonclient.grpc import service_pb2_grpc
 
 from conftest import (
     attributes,
@@ -37,6 +39,7 @@ from conftest import (
     wait_for,
     write_faults,
 )
+from conformance.harness import repeat_request, response_outputs
 from test_device_health import IMAGES
 
 ROW = {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}
@@ -311,6 +314,44 @@ def test_with_the_limiter_off_rate_limiter_configs_are_ignored(budget_repository
 
 
 # ---------------------------------------------------------------- a hung execution
+
+
+@pytest.mark.parametrize("server", ["kserve-ascend", "workers", "triton"])
+def test_a_decoupled_model_takes_its_turn_as_under_tritons_limiter(tmp_path, server):
+    """Two decoupled models whose one instance each needs the one R: while the first's stream is under way, the
+    second's waits (as real Triton 2.51 runs them); once the first is cancelled, the second streams."""
+    for name in ("rl_a", "rl_b"):
+        config = copy_model("repeat_int32", tmp_path / "repository", name) / "config.pbtxt"
+        config.write_text(config.read_text().replace('name: "repeat_int32"', f'name: "{name}"').replace(
+            "instance_group [ { kind: KIND_CPU count: 1 } ]",
+            'instance_group [ { kind: KIND_CPU count: 1 rate_limiter { resources [ { name: "R" count: 1 } ] } } ]',
+        ))
+    if server == "triton":
+        (tmp_path / "triton").mkdir()
+        target = start_triton(tmp_path / "repository", tmp_path / "triton", "--rate-limit=execution_count")
+    else:
+        target = start_server(tmp_path / "repository", tmp_path / "server.log", "--rate_limit", "execution_count",
+                              workers=2 if server == "workers" else 1)  # fmt: skip
+
+    def request(name: str, values: list[int], delays: list[int]):
+        request = repeat_request(values, delays)
+        request.model_name = name
+        return request
+
+    try:
+        with grpc.insecure_channel(target.grpc) as channel, futures.ThreadPoolExecutor(1) as pool:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            holding = stub.ModelStreamInfer(iter([request("rl_a", [1, 2], [0, 120_000])]), timeout=120)
+            assert response_outputs(next(holding).infer_response)["OUT"].tolist() == [1]  # rl_a holds R from here
+            waiting = pool.submit(lambda: [
+                response_outputs(r.infer_response)["OUT"].item() for r in stub.ModelStreamInfer(iter([request("rl_b", [3], [0])]), timeout=60)
+            ])
+            with pytest.raises(futures.TimeoutError):
+                waiting.result(timeout=1)  # (without the limiter it is answered in milliseconds)
+            holding.cancel()  # rl_a's model stops, its instance gives R back
+            assert waiting.result(timeout=30) == [3]
+    finally:
+        stop_server(target)
 
 
 def test_a_hung_execution_leaves_the_resource_to_the_others(tmp_path):

@@ -70,7 +70,7 @@ class ModelVersion(ServedVersion):
 
     def _scheduler(self, loaded: LoadedInstances) -> RequestScheduler:
         if self.decoupled:
-            return StreamScheduler([instance.responses for instance in self.instances], self.threads, self.stats)
+            return StreamScheduler([instance.responses for instance in self.instances], self.threads, self.stats, self.gates or ())
         runners = [instance.run_batch for instance in self.instances]
         spans = [tracing.instance_attributes(self.name, self.version, i.runtime.device_id) for i in self.instances]
         if loaded.sequences is not None:

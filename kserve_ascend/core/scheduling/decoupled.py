@@ -13,6 +13,9 @@ once the runtime has returned, a success also when the model ended the stream wi
 cancelled it (the request was executed; only a runtime's fault is a failure); `compute_infer` is the whole
 execution (every response); `response_stats` stay empty, as the python backend reports none. A request
 whose caller left while it waited for an instance is failed, CANCELED.
+
+With the rate limiter (`gates`), an instance takes its resources before each execution and gives them back
+once the runtime has returned, as the batcher's instances do; the wait counts as queue time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from ..contracts import Request, RequestScheduler
 from ..errors import AscendError, InternalError, ModelNotReady
 from ..stats import Execution, VersionStats, now_ns
+from .rate_limiter import Gate
 
 #: Runs one request on an instance's thread: its inputs in, each response's outputs out until `stop` is set.
 StreamRunner = Callable[[Mapping[str, np.ndarray], threading.Event], Iterator[dict[str, np.ndarray]]]
@@ -39,12 +43,13 @@ class _Fault(InternalError):
 
 
 class StreamScheduler(RequestScheduler):
-    """Feeds one request at a time to each instance (one per runner, each on its executor's thread)."""
+    """Feeds one request at a time to each instance (one per runner, each on its executor's thread, through its
+    gate of the rate limiter if it has one)."""
 
-    def __init__(self, runners: Sequence[StreamRunner], executors: Sequence, stats: VersionStats):
+    def __init__(self, runners: Sequence[StreamRunner], executors: Sequence, stats: VersionStats, gates: Sequence[Gate | None] = ()):
         super().__init__()
         self.stats = stats
-        self._instances = list(zip(runners, executors))
+        self._instances = list(zip(runners, executors, list(gates) or [None] * len(runners)))
         self._idle = collections.deque(range(len(self._instances)))
         self._waiting: collections.deque[asyncio.Future] = collections.deque()  # callers waiting for an instance
         self._running: set[threading.Event] = set()  # the `stop` of every execution under way
@@ -77,10 +82,12 @@ class StreamScheduler(RequestScheduler):
         delivered: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
         self._running.add(stop)
-        runner, executor = self._instances[index]
-        execution = Execution(now_ns())
+        runner, executor, gate = self._instances[index]
 
         def produce() -> None:  # on the instance's thread
+            if gate is not None:
+                gate.acquire()  # its resources, in its turn (the request waits as queued)
+            execution = Execution(now_ns())
             last: object = _END
             try:
                 for outputs in runner(request.inputs, stop):
@@ -91,6 +98,9 @@ class StreamScheduler(RequestScheduler):
                 last = error
             except BaseException as error:  # a runtime's fault fails this request alone
                 last = _Fault(f"the execution raised {type(error).__name__}: {error}")
+            finally:
+                if gate is not None:
+                    gate.release()
             execution.ran(now_ns())
             loop.call_soon_threadsafe(self._finished, index, stop, execution, timing, last)
             loop.call_soon_threadsafe(delivered.put_nowait, last)
@@ -98,7 +108,7 @@ class StreamScheduler(RequestScheduler):
         try:
             executor.submit(produce)
         except BaseException:
-            self._finished(index, stop, execution, timing, _Fault("the instance's thread is gone"))
+            self._finished(index, stop, Execution(now_ns()), timing, _Fault("the instance's thread is gone"))
             raise
         try:
             while (item := await delivered.get()) is not _END:
